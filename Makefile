@@ -1,0 +1,65 @@
+# millpond: the two commands a user needs are `make demo` and `make test`.
+# Both set up everything themselves: a venv from the machine's python3, the
+# Python packages from PyPI, the Go modules, and the Go extension.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+PY_INCLUDE := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['include'])")
+EXT_SUFFIX := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+CORE   := pysrc/millpond/_core$(EXT_SUFFIX)
+GO_SRC := $(shell find gostore pybindings -name '*.go' -o -name '*.c' -o -name '*.h') go.mod go.sum
+
+export CGO_ENABLED := 1
+export CGO_CFLAGS := -I$(PY_INCLUDE) -O2
+
+# Fuzz targets run briefly on every `make test`; longer runs: make fuzz FUZZTIME=5m
+FUZZTIME ?= 5s
+
+.PHONY: all demo test gotest govet gofuzz pytest ext venv bench clean fuzz
+
+all: ext
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+# Rebuild the extension in place after any Go or C change (the editable
+# install imports it from pysrc/millpond).
+$(CORE): $(GO_SRC)
+	go build -buildmode=c-shared -trimpath -ldflags='-s -w' -o $(CORE) ./pybindings
+	rm -f pysrc/millpond/_core*.h
+
+ext: venv $(CORE)
+
+demo: ext
+	$(PY) examples/demo.py
+
+govet:
+	go vet ./...
+
+gotest:
+	go test -race -count=1 ./gostore/...
+
+gofuzz:
+	go test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZTIME) ./gostore/rowbatch
+	go test -run='^$$' -fuzz=FuzzOpenSnapshotFile -fuzztime=$(FUZZTIME) ./gostore/snapfile
+
+fuzz: FUZZTIME=5m
+fuzz: gofuzz
+
+pytest: ext
+	$(PY) -m pytest -q tests
+
+test: ext govet gotest gofuzz pytest
+
+bench: ext
+	$(PY) bench/snapshot_write.py
+
+clean:
+	rm -rf $(VENV) build pysrc/*.egg-info pysrc/millpond/_core*.so pysrc/millpond/_core*.h

@@ -1,0 +1,51 @@
+"""Errors raised by millpond.
+
+``DataflowError`` wraps any exception raised by user code while a flow runs;
+the original is its ``__cause__``. The state and recovery errors name the
+thing that is wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DataflowError",
+    "StateStoreError",
+    "StoreLockedError",
+    "ForeignStoreError",
+    "SnapshotError",
+    "RecoveryError",
+    "BackupError",
+    "CorruptObjectError",
+]
+
+
+class DataflowError(RuntimeError):
+    """User code raised while the dataflow ran; see ``__cause__``."""
+
+
+class StateStoreError(RuntimeError):
+    """The state store could not do what was asked (I/O, format, misuse)."""
+
+
+class StoreLockedError(StateStoreError):
+    """Another process holds the local state store open."""
+
+
+class ForeignStoreError(StateStoreError):
+    """The local state store belongs to another flow or key-group count."""
+
+
+class SnapshotError(StateStoreError):
+    """A state object's snapshot could not be serialized; nothing was written."""
+
+
+class RecoveryError(RuntimeError):
+    """Recovery data is missing, inconsistent, or cannot be reached."""
+
+
+class BackupError(RecoveryError):
+    """The durable backup failed (unreachable, denied, or an I/O error)."""
+
+
+class CorruptObjectError(RecoveryError):
+    """A durable or local object failed its checksum or format check."""
