@@ -1,0 +1,255 @@
+// Package snapfile is the snapshot file: a SQLite file holding rows
+// (step_id, state_key, epoch, value-or-deletion) plus metadata that names the
+// flow and layout it belongs to.
+//
+// The same format and code serve a worker's retained local store and the
+// immutable segments shipped to the durable store; only Meta.Kind and the
+// durability settings differ.
+package snapfile
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/millpond/millpond/gostore/keygroup"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+)
+
+// ErrNotSnapshotFile is wrapped when a file is not a readable snapshot file
+// (not SQLite, damaged, or missing the schema).
+var ErrNotSnapshotFile = errors.New("not a millpond snapshot file")
+
+const schema = `
+CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE snaps (
+	step_id   TEXT    NOT NULL,
+	state_key TEXT    NOT NULL,
+	epoch     INTEGER NOT NULL,
+	key_group INTEGER NOT NULL,
+	value     BLOB,   -- NULL records a deletion
+	PRIMARY KEY (step_id, state_key, epoch)
+) WITHOUT ROWID;
+-- Epochs only grow, so this index is appended to, and it makes rollback and
+-- garbage collection cost what changed rather than the whole state.
+CREATE INDEX snaps_by_epoch ON snaps (epoch);
+`
+
+// Options tune how a file is opened.
+type Options struct {
+	// Segment files are written once and sealed; they skip the WAL and
+	// fsync only when sealed. Local stores use WAL so that a killed process
+	// keeps every committed batch.
+	Segment bool
+	// CacheMiB is SQLite's page cache size; 0 picks a default.
+	CacheMiB int
+}
+
+// File is an open snapshot file. Its methods are safe for use by one
+// goroutine at a time; callers serialize access.
+type File struct {
+	db   *sql.DB
+	path string
+	meta Meta
+	opts Options
+}
+
+func dsn(path string, o Options) string {
+	cache := o.CacheMiB
+	if cache == 0 {
+		cache = 64
+	}
+	q := []string{
+		"_pragma=busy_timeout(5000)",
+		fmt.Sprintf("_pragma=cache_size(-%d)", cache*1024),
+		"_pragma=temp_store(MEMORY)",
+	}
+	if o.Segment {
+		q = append(q, "_pragma=journal_mode(MEMORY)", "_pragma=synchronous(OFF)")
+	} else {
+		q = append(q, "_pragma=journal_mode(WAL)", "_pragma=synchronous(NORMAL)")
+	}
+	return "file:" + path + "?" + strings.Join(q, "&")
+}
+
+func openDB(path string, o Options) (*sql.DB, error) {
+	db, err := sql.Open("sqlite", dsn(path, o))
+	if err != nil {
+		return nil, err
+	}
+	// One connection: SQLite serializes writers anyway, and a single
+	// connection keeps the page cache warm and transactions simple.
+	db.SetMaxOpenConns(1)
+	db.SetMaxIdleConns(1)
+	db.SetConnMaxLifetime(0)
+	return db, nil
+}
+
+// Create makes a new snapshot file at path with meta. It fails if the file
+// exists.
+func Create(ctx context.Context, path string, meta Meta, o Options) (*File, error) {
+	if _, err := os.Stat(path); err == nil {
+		return nil, fmt.Errorf("create snapshot file %s: already exists", path)
+	}
+	if err := keygroup.Validate(meta.KeyGroupCount, meta.WorkerIndex, meta.WorkerCount); err != nil {
+		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
+	}
+	db, err := openDB(path, o)
+	if err != nil {
+		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
+	}
+	f := &File{db: db, path: path, meta: meta, opts: o}
+	if err := f.init(ctx); err != nil {
+		db.Close()
+		os.Remove(path)
+		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
+	}
+	return f, nil
+}
+
+func (f *File) init(ctx context.Context) error {
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, schema); err != nil {
+		return err
+	}
+	for k, v := range f.meta.fields() {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO meta (name, value) VALUES (?, ?)`, k, v); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
+}
+
+// Open opens an existing snapshot file and reads its metadata. A file that
+// is not SQLite, lacks the schema or has unknown metadata is refused with an
+// error wrapping ErrNotSnapshotFile.
+func Open(ctx context.Context, path string, o Options) (*File, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("open snapshot file %s: %w", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("open snapshot file %s: %w: not a regular file", path, ErrNotSnapshotFile)
+	}
+	if err := checkHeader(path); err != nil {
+		return nil, fmt.Errorf("open snapshot file %s: %w: %v", path, ErrNotSnapshotFile, err)
+	}
+	db, err := openDB(path, o)
+	if err != nil {
+		return nil, fmt.Errorf("open snapshot file %s: %w", path, err)
+	}
+	f := &File{db: db, path: path, opts: o}
+	meta, err := f.readMeta(ctx)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open snapshot file %s: %w: %v", path, ErrNotSnapshotFile, err)
+	}
+	f.meta = meta
+	return f, nil
+}
+
+// checkHeader refuses files that are not SQLite before the driver sees
+// them, so a stray file is reported as what it is.
+func checkHeader(path string) error {
+	fh, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	hdr := make([]byte, 16)
+	n, _ := fh.Read(hdr)
+	if n < 16 || string(hdr) != "SQLite format 3\x00" {
+		return errors.New("no SQLite header")
+	}
+	return nil
+}
+
+func (f *File) readMeta(ctx context.Context) (Meta, error) {
+	rows, err := f.db.QueryContext(ctx, `SELECT name, value FROM meta`)
+	if err != nil {
+		return Meta{}, err
+	}
+	defer rows.Close()
+	fields := map[string]string{}
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			return Meta{}, err
+		}
+		fields[k] = v
+	}
+	if err := rows.Err(); err != nil {
+		return Meta{}, err
+	}
+	// Touch the rows table so a file with metadata but no data table fails
+	// here rather than at first use.
+	var n int
+	if err := f.db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM snaps LIMIT 1)`).Scan(&n); err != nil {
+		return Meta{}, err
+	}
+	return metaFromFields(fields)
+}
+
+// Path returns the file's path.
+func (f *File) Path() string { return f.path }
+
+// Meta returns the file's metadata.
+func (f *File) Meta() Meta { return f.meta }
+
+// UpdateMeta rewrites the metadata (for example a new execution number or
+// a segment's epoch range).
+func (f *File) UpdateMeta(ctx context.Context, meta Meta) error {
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("update metadata of %s: %w", f.path, err)
+	}
+	defer tx.Rollback()
+	for k, v := range meta.fields() {
+		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)`, k, v); err != nil {
+			return fmt.Errorf("update metadata of %s: %w", f.path, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("update metadata of %s: %w", f.path, err)
+	}
+	f.meta = meta
+	return nil
+}
+
+// Close closes the file. For a local store, the WAL is checkpointed so the
+// file on disk is complete by itself.
+func (f *File) Close() error {
+	if !f.opts.Segment {
+		// Best effort: a failed checkpoint leaves a valid WAL behind.
+		f.db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
+	}
+	if err := f.db.Close(); err != nil {
+		return fmt.Errorf("close snapshot file %s: %w", f.path, err)
+	}
+	return nil
+}
+
+// Seal finishes a segment: it closes the file and fsyncs it, so the bytes
+// handed to an upload are the bytes on disk.
+func (f *File) Seal() error {
+	if err := f.db.Close(); err != nil {
+		return fmt.Errorf("seal segment %s: %w", f.path, err)
+	}
+	fh, err := os.OpenFile(f.path, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("seal segment %s: %w", f.path, err)
+	}
+	defer fh.Close()
+	if err := fh.Sync(); err != nil {
+		return fmt.Errorf("seal segment %s: fsync: %w", f.path, err)
+	}
+	return nil
+}

@@ -1,0 +1,255 @@
+package snapfile
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/keygroup"
+	"github.com/millpond/millpond/gostore/rowbatch"
+)
+
+func testMeta() Meta {
+	return Meta{FlowID: "flow", Kind: KindLocal, WorkerIndex: 0, WorkerCount: 1, KeyGroupCount: 16}
+}
+
+func newFile(t *testing.T) *File {
+	t.Helper()
+	f, err := Create(context.Background(), filepath.Join(t.TempDir(), "s.sqlite"), testMeta(), Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
+func row(step, key string, epoch int64, v string) rowbatch.Row {
+	return rowbatch.Row{StepID: step, Key: key, Epoch: epoch, Value: []byte(v)}
+}
+
+func del(step, key string, epoch int64) rowbatch.Row {
+	return rowbatch.Row{StepID: step, Key: key, Epoch: epoch, Deleted: true}
+}
+
+func scanAll(t *testing.T, f *File, o ScanOptions) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	require.NoError(t, f.Scan(context.Background(), o, func(rows []rowbatch.Row) error {
+		for _, r := range rows {
+			k := r.StepID + "/" + r.Key
+			if r.Deleted {
+				got[k] = "<deleted>"
+			} else {
+				got[k] = string(r.Value)
+			}
+		}
+		return nil
+	}))
+	return got
+}
+
+func TestCreateThenOpenKeepsMetaAndRows(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.sqlite")
+	f, err := Create(ctx, path, testMeta(), Options{})
+	require.NoError(t, err)
+	_, err = f.Write(ctx, []rowbatch.Row{row("s", "a", 1, "x"), row("s", "b", 1, "")})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	g, err := Open(ctx, path, Options{})
+	require.NoError(t, err)
+	defer g.Close()
+	assert.Equal(t, testMeta(), g.Meta())
+	r, found, err := g.Get(ctx, "s", "b", 0)
+	require.NoError(t, err)
+	require.True(t, found)
+	assert.False(t, r.Deleted, "an empty value is a value, not a deletion")
+	assert.Equal(t, 0, len(r.Value))
+}
+
+func TestCreateRefusesExistingFile(t *testing.T) {
+	f := newFile(t)
+	_, err := Create(context.Background(), f.Path(), testMeta(), Options{})
+	require.ErrorContains(t, err, "already exists")
+}
+
+func TestGetReturnsNewestBeforeEpoch(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	_, err := f.Write(ctx, []rowbatch.Row{row("s", "k", 1, "one"), row("s", "k", 3, "three"), del("s", "k", 5)})
+	require.NoError(t, err)
+	cases := []struct {
+		before  int64
+		found   bool
+		deleted bool
+		value   string
+	}{
+		{1, false, false, ""},
+		{2, true, false, "one"},
+		{4, true, false, "three"},
+		{6, true, true, ""},
+		{0, true, true, ""},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprint(c.before), func(t *testing.T) {
+			r, found, err := f.Get(ctx, "s", "k", c.before)
+			require.NoError(t, err)
+			require.Equal(t, c.found, found)
+			if found {
+				assert.Equal(t, c.deleted, r.Deleted)
+				assert.Equal(t, c.value, string(r.Value))
+			}
+		})
+	}
+}
+
+func TestWriteLastDuplicateWins(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	_, err := f.Write(ctx, []rowbatch.Row{row("s", "k", 2, "first"), row("s", "k", 2, "second")})
+	require.NoError(t, err)
+	_, err = f.Write(ctx, []rowbatch.Row{row("s", "k", 2, "third")})
+	require.NoError(t, err)
+	r, _, err := f.Get(ctx, "s", "k", 0)
+	require.NoError(t, err)
+	assert.Equal(t, "third", string(r.Value))
+}
+
+func TestScanNewestPerKeyAcrossStepsAndChunks(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	var rows []rowbatch.Row
+	for i := 0; i < 100; i++ {
+		k := fmt.Sprintf("k%03d", i)
+		rows = append(rows, row("a", k, 1, "old"), row("a", k, 2, "new"+k))
+		if i%10 == 0 {
+			rows = append(rows, del("a", k, 3))
+		}
+		rows = append(rows, row("b", k, 1, "b"))
+	}
+	_, err := f.Write(ctx, rows)
+	require.NoError(t, err)
+
+	got := scanAll(t, f, ScanOptions{StepID: "a", ChunkRows: 7})
+	assert.Len(t, got, 90, "deleted keys are skipped")
+	assert.Equal(t, "newk001", got["a/k001"])
+
+	got = scanAll(t, f, ScanOptions{StepID: "a", IncludeDeleted: true})
+	assert.Equal(t, "<deleted>", got["a/k010"])
+
+	got = scanAll(t, f, ScanOptions{StepID: "a", Before: 3})
+	assert.Len(t, got, 100)
+	assert.Equal(t, "newk010", got["a/k010"])
+
+	got = scanAll(t, f, ScanOptions{})
+	assert.Len(t, got, 190)
+
+	steps, err := f.Steps(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "b"}, steps)
+}
+
+func TestScanByKeyGroupPartitionsKeys(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	var rows []rowbatch.Row
+	for i := 0; i < 200; i++ {
+		rows = append(rows, row("s", fmt.Sprint(i), 1, "v"))
+	}
+	_, err := f.Write(ctx, rows)
+	require.NoError(t, err)
+	total := 0
+	for w := 0; w < 3; w++ {
+		r := keygroup.OwnedBy(w, 3, 16)
+		got := scanAll(t, f, ScanOptions{Groups: &r})
+		for k := range got {
+			require.Equal(t, w, keygroup.Owner(keygroup.Of(k[2:], 16), 16, 3))
+		}
+		total += len(got)
+	}
+	assert.Equal(t, 200, total)
+}
+
+func TestDeleteFromRollsBackUncommittedEpochs(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	_, err := f.Write(ctx, []rowbatch.Row{row("s", "k", 1, "one"), row("s", "k", 2, "two"), row("s", "j", 3, "three")})
+	require.NoError(t, err)
+	n, err := f.DeleteFrom(ctx, 2)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), n)
+	assert.Equal(t, map[string]string{"s/k": "one"}, scanAll(t, f, ScanOptions{}))
+}
+
+func TestGCKeepsNewestCommittedAndAllUncommitted(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	_, err := f.Write(ctx, []rowbatch.Row{
+		row("s", "a", 1, "a1"), row("s", "a", 2, "a2"), row("s", "a", 4, "a4"),
+		row("s", "b", 1, "b1"), del("s", "b", 2),
+		row("s", "c", 1, "c1"), del("s", "c", 4),
+		row("s", "d", 3, "d3"),
+	})
+	require.NoError(t, err)
+	removed, err := f.GC(ctx, 0, 3)
+	require.NoError(t, err)
+	// a1 (superseded by a2), b1 and the b deletion at 2.
+	assert.Equal(t, int64(3), removed)
+	st, err := f.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(5), st.Rows)
+	// Rolling back the uncommitted epoch 4 must leave committed state.
+	_, err = f.DeleteFrom(ctx, 4)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"s/a": "a2", "s/c": "c1", "s/d": "d3"}, scanAll(t, f, ScanOptions{}))
+	// A second GC only looks at newer rows and finds nothing.
+	removed, err = f.GC(ctx, 3, 3)
+	require.NoError(t, err)
+	assert.Zero(t, removed)
+}
+
+func TestOpenRefusesForeignFiles(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	notSQLite := filepath.Join(dir, "text")
+	require.NoError(t, os.WriteFile(notSQLite, []byte("hello, this is not a database at all"), 0o644))
+	_, err := Open(ctx, notSQLite, Options{})
+	require.ErrorIs(t, err, ErrNotSnapshotFile)
+	assert.Contains(t, err.Error(), notSQLite)
+
+	_, err = Open(ctx, filepath.Join(dir, "missing"), Options{})
+	require.ErrorIs(t, err, os.ErrNotExist)
+
+	// A SQLite file with other tables.
+	other := filepath.Join(dir, "other.sqlite")
+	db, err := openDB(other, Options{})
+	require.NoError(t, err)
+	_, err = db.Exec(`CREATE TABLE t (x)`)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	_, err = Open(ctx, other, Options{})
+	require.ErrorIs(t, err, ErrNotSnapshotFile)
+}
+
+func TestSegmentSealIsReadable(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "seg.sqlite")
+	m := testMeta()
+	m.Kind = KindSegment
+	f, err := Create(ctx, path, m, Options{Segment: true})
+	require.NoError(t, err)
+	_, err = f.Write(ctx, []rowbatch.Row{row("s", "a", 1, "x")})
+	require.NoError(t, err)
+	require.NoError(t, f.Seal())
+	entries, err := os.ReadDir(filepath.Dir(path))
+	require.NoError(t, err)
+	assert.Len(t, entries, 1, "a sealed segment is a single file")
+	g, err := Open(ctx, path, Options{Segment: true})
+	require.NoError(t, err)
+	defer g.Close()
+	assert.Equal(t, KindSegment, g.Meta().Kind)
+}

@@ -1,0 +1,89 @@
+package snapfile
+
+import (
+	"fmt"
+	"strconv"
+)
+
+// FormatVersion names the schema of a snapshot file. A file with another
+// value is refused rather than guessed at.
+const FormatVersion = "millpond-snapshot-1"
+
+// Kind tells what a snapshot file is used for. The schema is the same.
+type Kind string
+
+// The kinds of snapshot file.
+const (
+	// KindLocal is a worker's retained local store.
+	KindLocal Kind = "local"
+	// KindSegment is an immutable segment bound for the durable store.
+	KindSegment Kind = "segment"
+	// KindCompacted is a segment produced by merging older segments.
+	KindCompacted Kind = "compacted"
+)
+
+// Meta is what a snapshot file records about itself, so a reader can refuse
+// a file that belongs to another flow or layout instead of mixing it in.
+type Meta struct {
+	FlowID        string
+	Kind          Kind
+	WorkerIndex   int
+	WorkerCount   int
+	KeyGroupCount int
+	// Execution is the execution that wrote the file (segments) or last
+	// opened it (local stores).
+	Execution int64
+	// FirstEpoch and LastEpoch bound the epochs of the rows in a segment;
+	// zero when unknown or for a local store.
+	FirstEpoch int64
+	LastEpoch  int64
+}
+
+func (m Meta) fields() map[string]string {
+	return map[string]string{
+		"format":          FormatVersion,
+		"flow_id":         m.FlowID,
+		"kind":            string(m.Kind),
+		"worker_index":    strconv.Itoa(m.WorkerIndex),
+		"worker_count":    strconv.Itoa(m.WorkerCount),
+		"key_group_count": strconv.Itoa(m.KeyGroupCount),
+		"execution":       strconv.FormatInt(m.Execution, 10),
+		"first_epoch":     strconv.FormatInt(m.FirstEpoch, 10),
+		"last_epoch":      strconv.FormatInt(m.LastEpoch, 10),
+	}
+}
+
+func metaFromFields(f map[string]string) (Meta, error) {
+	if got := f["format"]; got != FormatVersion {
+		return Meta{}, fmt.Errorf("unknown format %q (want %q)", got, FormatVersion)
+	}
+	var m Meta
+	m.FlowID = f["flow_id"]
+	m.Kind = Kind(f["kind"])
+	ints := []struct {
+		name string
+		dst  *int
+	}{{"worker_index", &m.WorkerIndex}, {"worker_count", &m.WorkerCount}, {"key_group_count", &m.KeyGroupCount}}
+	for _, x := range ints {
+		v, err := strconv.Atoi(f[x.name])
+		if err != nil {
+			return Meta{}, fmt.Errorf("metadata %s: %w", x.name, err)
+		}
+		*x.dst = v
+	}
+	int64s := []struct {
+		name string
+		dst  *int64
+	}{{"execution", &m.Execution}, {"first_epoch", &m.FirstEpoch}, {"last_epoch", &m.LastEpoch}}
+	for _, x := range int64s {
+		v, err := strconv.ParseInt(f[x.name], 10, 64)
+		if err != nil {
+			return Meta{}, fmt.Errorf("metadata %s: %w", x.name, err)
+		}
+		*x.dst = v
+	}
+	if m.FlowID == "" || m.KeyGroupCount < 1 || m.WorkerCount < 1 || m.WorkerIndex < 0 || m.WorkerIndex >= m.WorkerCount {
+		return Meta{}, fmt.Errorf("inconsistent metadata %+v", m)
+	}
+	return m, nil
+}

@@ -1,0 +1,132 @@
+package snapfile
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/millpond/millpond/gostore/keygroup"
+	"github.com/millpond/millpond/gostore/rowbatch"
+)
+
+// rowsPerInsert is how many rows one INSERT statement carries: enough to
+// amortize the statement cost, few enough to stay under SQLite's variable
+// limit (5 variables a row).
+const rowsPerInsert = 256
+
+// Write stores rows in one transaction, sorted by (step, key, epoch) so the
+// B-tree is filled in order. A row for an existing (step, key, epoch)
+// replaces it; among duplicates in one batch the last one wins. The cost is
+// proportional to len(rows), not to the rows already stored.
+func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	slices.SortStableFunc(rows, func(a, b rowbatch.Row) int {
+		if rowbatch.Less(&a, &b) {
+			return -1
+		}
+		if rowbatch.Less(&b, &a) {
+			return 1
+		}
+		return 0
+	})
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
+	}
+	defer tx.Rollback()
+	full, err := tx.PrepareContext(ctx, insertSQL(rowsPerInsert))
+	if err != nil {
+		return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
+	}
+	defer full.Close()
+	args := make([]any, 0, 5*rowsPerInsert)
+	groups := f.meta.KeyGroupCount
+	for start := 0; start < len(rows); start += rowsPerInsert {
+		end := min(start+rowsPerInsert, len(rows))
+		args = args[:0]
+		for i := start; i < end; i++ {
+			r := &rows[i]
+			var v any
+			if !r.Deleted {
+				if r.Value == nil {
+					v = []byte{}
+				} else {
+					v = r.Value
+				}
+			}
+			args = append(args, r.StepID, r.Key, r.Epoch, keygroup.Of(r.Key, groups), v)
+		}
+		if end-start == rowsPerInsert {
+			_, err = full.ExecContext(ctx, args...)
+		} else {
+			_, err = tx.ExecContext(ctx, insertSQL(end-start), args...)
+		}
+		if err != nil {
+			return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("commit %d rows to %s: %w", len(rows), f.path, err)
+	}
+	return len(rows), nil
+}
+
+func insertSQL(n int) string {
+	var b strings.Builder
+	b.WriteString(`INSERT OR REPLACE INTO snaps (step_id, state_key, epoch, key_group, value) VALUES `)
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString("(?,?,?,?,?)")
+	}
+	return b.String()
+}
+
+// DeleteFrom removes every row with epoch >= epoch: the rollback of epochs
+// that never committed. It returns how many rows went.
+func (f *File) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
+	res, err := f.db.ExecContext(ctx, `DELETE FROM snaps WHERE epoch >= ?`, epoch)
+	if err != nil {
+		return 0, fmt.Errorf("roll back %s to before epoch %d: %w", f.path, epoch, err)
+	}
+	return res.RowsAffected()
+}
+
+// GC removes rows that can never be read again once epoch committed is
+// durable: every row superseded by a newer row at or before committed, and
+// deletion records at or before committed (nothing older is left for them
+// to hide). Only rows written after epoch since are examined as possible
+// supersessors, so a GC after each commit costs what changed.
+func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
+	if committed <= since {
+		return 0, nil
+	}
+	tx, err := f.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("gc %s: %w", f.path, err)
+	}
+	defer tx.Rollback()
+	res, err := tx.ExecContext(ctx, `
+		DELETE FROM snaps WHERE (step_id, state_key, epoch) IN (
+			SELECT o.step_id, o.state_key, o.epoch
+			FROM snaps AS n JOIN snaps AS o
+			  ON o.step_id = n.step_id AND o.state_key = n.state_key AND o.epoch < n.epoch
+			WHERE n.epoch > ? AND n.epoch <= ?)`, since, committed)
+	if err != nil {
+		return 0, fmt.Errorf("gc %s: superseded rows: %w", f.path, err)
+	}
+	superseded, _ := res.RowsAffected()
+	res, err = tx.ExecContext(ctx, `DELETE FROM snaps WHERE value IS NULL AND epoch > ? AND epoch <= ?`, since, committed)
+	if err != nil {
+		return 0, fmt.Errorf("gc %s: deletion records: %w", f.path, err)
+	}
+	tombstones, _ := res.RowsAffected()
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("gc %s: %w", f.path, err)
+	}
+	return superseded + tombstones, nil
+}
