@@ -71,7 +71,7 @@ func dsn(path string, o Options) string {
 	if o.Segment {
 		q = append(q, "_pragma=journal_mode(MEMORY)", "_pragma=synchronous(OFF)")
 	} else {
-		q = append(q, "_pragma=journal_mode(WAL)", "_pragma=synchronous(NORMAL)")
+		q = append(q, "_pragma=journal_mode(WAL)", "_pragma=synchronous(NORMAL)", "_pragma=wal_autocheckpoint(0)")
 	}
 	return "file:" + path + "?" + strings.Join(q, "&")
 }
