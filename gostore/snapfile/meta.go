@@ -37,6 +37,9 @@ type Meta struct {
 	// zero when unknown or for a local store.
 	FirstEpoch int64
 	LastEpoch  int64
+	// GCEpoch is the committed epoch up to which superseded rows have been
+	// removed (local stores).
+	GCEpoch int64
 }
 
 func (m Meta) fields() map[string]string {
@@ -50,6 +53,7 @@ func (m Meta) fields() map[string]string {
 		"execution":       strconv.FormatInt(m.Execution, 10),
 		"first_epoch":     strconv.FormatInt(m.FirstEpoch, 10),
 		"last_epoch":      strconv.FormatInt(m.LastEpoch, 10),
+		"gc_epoch":        strconv.FormatInt(m.GCEpoch, 10),
 	}
 }
 
@@ -74,7 +78,7 @@ func metaFromFields(f map[string]string) (Meta, error) {
 	int64s := []struct {
 		name string
 		dst  *int64
-	}{{"execution", &m.Execution}, {"first_epoch", &m.FirstEpoch}, {"last_epoch", &m.LastEpoch}}
+	}{{"execution", &m.Execution}, {"first_epoch", &m.FirstEpoch}, {"last_epoch", &m.LastEpoch}, {"gc_epoch", &m.GCEpoch}}
 	for _, x := range int64s {
 		v, err := strconv.ParseInt(f[x.name], 10, 64)
 		if err != nil {

@@ -49,26 +49,35 @@ type ScanOptions struct {
 	// IncludeDeleted returns deletion records that are a key's newest row
 	// (merging segments needs them; restoring state does not).
 	IncludeDeleted bool
-	// AllVersions returns every row instead of only the newest per key.
-	AllVersions bool
-	// ChunkRows is how many rows each callback gets; 0 picks a default.
+	// ChunkRows is how many keys one page holds; 0 picks a default.
 	ChunkRows int
 }
 
-// Scan calls fn with chunks of the newest row per (step, key) matching o,
-// in (step, key) order. fn may keep the rows it is given. Memory use is
-// bounded by the chunk size, however large the file.
-func (f *File) Scan(ctx context.Context, o ScanOptions, fn func([]rowbatch.Row) error) error {
+// Cursor marks where a paged scan stopped: the last (step, key) returned.
+// The zero Cursor starts at the beginning.
+type Cursor struct {
+	StepID, Key string
+}
+
+// ScanPage returns up to o.ChunkRows keys after cur, with the newest row per
+// (step, key) matching o, in (step, key) order, and the cursor to continue
+// from. done is true when nothing follows. Each page is its own query, so a
+// paged scan holds no statement open between pages and other calls on the
+// file can run in between.
+func (f *File) ScanPage(ctx context.Context, o ScanOptions, cur Cursor) (rows []rowbatch.Row, next Cursor, done bool, err error) {
 	before := o.Before
 	if before <= 0 {
 		before = math.MaxInt64
 	}
-	chunk := o.ChunkRows
-	if chunk <= 0 {
-		chunk = 4096
+	limit := o.ChunkRows
+	if limit <= 0 {
+		limit = 4096
 	}
-	q := `SELECT step_id, state_key, epoch, value, value IS NULL FROM snaps WHERE epoch < ?`
-	args := []any{before}
+	// With a single max() aggregate, SQLite takes the bare columns from the
+	// row holding the maximum: the newest row of each key.
+	q := `SELECT step_id, state_key, max(epoch), value, value IS NULL FROM snaps
+		WHERE (step_id, state_key) > (?, ?) AND epoch < ?`
+	args := []any{cur.StepID, cur.Key, before}
 	if o.StepID != "" {
 		q += ` AND step_id = ?`
 		args = append(args, o.StepID)
@@ -77,69 +86,59 @@ func (f *File) Scan(ctx context.Context, o ScanOptions, fn func([]rowbatch.Row) 
 		q += ` AND key_group >= ? AND key_group < ?`
 		args = append(args, o.Groups.Lo, o.Groups.Hi)
 	}
-	q += ` ORDER BY step_id, state_key, epoch`
-	rows, err := f.db.QueryContext(ctx, q, args...)
+	q += ` GROUP BY step_id, state_key ORDER BY step_id, state_key LIMIT ?`
+	args = append(args, limit)
+	res, err := f.db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return fmt.Errorf("scan %s: %w", f.path, err)
+		return nil, cur, false, fmt.Errorf("scan %s: %w", f.path, err)
 	}
-	defer rows.Close()
-
-	out := make([]rowbatch.Row, 0, chunk)
-	var pending rowbatch.Row
-	havePending := false
-	emit := func(r rowbatch.Row) error {
-		if r.Deleted && !o.IncludeDeleted {
-			return nil
+	defer res.Close()
+	rows = make([]rowbatch.Row, 0, min(limit, 4096))
+	seen := 0
+	for res.Next() {
+		var r rowbatch.Row
+		var val []byte
+		if err := res.Scan(&r.StepID, &r.Key, &r.Epoch, &val, &r.Deleted); err != nil {
+			return nil, cur, false, fmt.Errorf("scan %s: %w", f.path, err)
 		}
-		out = append(out, r)
-		if len(out) == chunk {
-			if err := fn(out); err != nil {
-				return err
+		seen++
+		cur = Cursor{StepID: r.StepID, Key: r.Key}
+		if r.Deleted {
+			if !o.IncludeDeleted {
+				continue
 			}
-			out = make([]rowbatch.Row, 0, chunk)
-		}
-		return nil
-	}
-	// Rows of one key arrive oldest first; the newest is the last before the
-	// key changes.
-	var step, key string
-	var epoch int64
-	var isNull bool
-	var val []byte
-	for rows.Next() {
-		val = nil
-		if err := rows.Scan(&step, &key, &epoch, &val, &isNull); err != nil {
-			return fmt.Errorf("scan %s: %w", f.path, err)
-		}
-		if !isNull && val == nil {
+		} else if val == nil {
 			val = []byte{}
 		}
-		r := rowbatch.Row{StepID: step, Key: key, Epoch: epoch, Value: val, Deleted: isNull}
-		if o.AllVersions {
-			if err := emit(r); err != nil {
-				return err
-			}
-			continue
-		}
-		if havePending && (pending.StepID != step || pending.Key != key) {
-			if err := emit(pending); err != nil {
-				return err
-			}
-		}
-		pending, havePending = r, true
+		r.Value = val
+		rows = append(rows, r)
 	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("scan %s: %w", f.path, err)
+	if err := res.Err(); err != nil {
+		return nil, cur, false, fmt.Errorf("scan %s: %w", f.path, err)
 	}
-	if havePending {
-		if err := emit(pending); err != nil {
+	return rows, cur, seen < limit, nil
+}
+
+// Scan calls fn with pages of the newest row per (step, key) matching o, in
+// (step, key) order, until the end or an error. fn may keep the rows.
+// Memory use is bounded by the page size, however large the file.
+func (f *File) Scan(ctx context.Context, o ScanOptions, fn func([]rowbatch.Row) error) error {
+	var cur Cursor
+	for {
+		rows, next, done, err := f.ScanPage(ctx, o, cur)
+		if err != nil {
 			return err
 		}
+		if len(rows) > 0 {
+			if err := fn(rows); err != nil {
+				return err
+			}
+		}
+		if done {
+			return nil
+		}
+		cur = next
 	}
-	if len(out) > 0 {
-		return fn(out)
-	}
-	return nil
 }
 
 // Steps lists the step ids that have rows, sorted.

@@ -18,10 +18,15 @@ const rowsPerInsert = 256
 // Write stores rows in one transaction, sorted by (step, key, epoch) so the
 // B-tree is filled in order. A row for an existing (step, key, epoch)
 // replaces it; among duplicates in one batch the last one wins. The cost is
-// proportional to len(rows), not to the rows already stored.
+// proportional to len(rows), not to the rows already stored. The file's
+// LastEpoch advances to the newest epoch written, in the same transaction.
 func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 	if len(rows) == 0 {
 		return 0, nil
+	}
+	newest := f.meta.LastEpoch
+	for i := range rows {
+		newest = max(newest, rows[i].Epoch)
 	}
 	slices.SortStableFunc(rows, func(a, b rowbatch.Row) int {
 		if rowbatch.Less(&a, &b) {
@@ -68,9 +73,16 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 			return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
 		}
 	}
+	if newest != f.meta.LastEpoch {
+		if _, err := tx.ExecContext(ctx, `UPDATE meta SET value = ? WHERE name = 'last_epoch'`, newest); err != nil {
+			return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("commit %d rows to %s: %w", len(rows), f.path, err)
 	}
+	f.meta.LastEpoch = newest
+	f.maybeCheckpoint(ctx, rows)
 	return len(rows), nil
 }
 
@@ -114,7 +126,7 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	// by primary key: a row-value IN over the subquery would scan the whole
 	// table.
 	rows, err := tx.QueryContext(ctx, `
-		SELECT o.step_id, o.state_key, o.epoch
+		SELECT DISTINCT o.step_id, o.state_key, o.epoch
 		FROM snaps AS n JOIN snaps AS o
 		  ON o.step_id = n.step_id AND o.state_key = n.state_key AND o.epoch < n.epoch
 		WHERE n.epoch > ? AND n.epoch <= ?`, since, committed)
@@ -158,4 +170,33 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
 	}
 	return superseded + tombstones, nil
+}
+
+// checkpointBytes is how much a local store may append to its WAL before
+// the WAL is folded back into the file. Automatic checkpoints are off
+// because they run inside a commit and doubled the cost of small writes.
+const checkpointBytes = 64 << 20
+
+func (f *File) maybeCheckpoint(ctx context.Context, rows []rowbatch.Row) {
+	if f.opts.Segment {
+		return
+	}
+	for i := range rows {
+		f.walBytes += int64(len(rows[i].StepID) + len(rows[i].Key) + len(rows[i].Value) + 32)
+	}
+	if f.walBytes < checkpointBytes {
+		return
+	}
+	// A failed checkpoint only leaves the WAL longer; the data is safe.
+	if err := f.Checkpoint(ctx); err == nil {
+		f.walBytes = 0
+	}
+}
+
+// Checkpoint folds the WAL back into the file and truncates it.
+func (f *File) Checkpoint(ctx context.Context) error {
+	if _, err := f.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", f.path, err)
+	}
+	return nil
 }

@@ -1,0 +1,66 @@
+// Package backup defines the durable store behind millpond's recovery: a
+// flat namespace of immutable objects addressed by "/"-separated keys.
+//
+// Each backend lives in its own sub-package (dirbackup, s3backup) and
+// implements [Backup]; backupuri opens one from a URI, faultbackup wraps one
+// to inject failures in tests, and backuptest holds the conformance suite
+// every backend must pass.
+package backup
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrNotFound is returned (wrapped) by [Backup.Download] when the key does
+// not exist. Test for it with errors.Is.
+var ErrNotFound = errors.New("object not found")
+
+// ObjectInfo describes one stored object.
+type ObjectInfo struct {
+	// Key is the full key of the object, as passed to Upload.
+	Key string
+	// Size is the object's size in bytes.
+	Size int64
+}
+
+// Backup is a durable object store. Implementations are safe for concurrent
+// use by multiple goroutines.
+//
+// Keys are validated with [ValidateKey]; an invalid key is an error for every
+// method.
+type Backup interface {
+	// List returns every object whose key starts with prefix (a plain string
+	// prefix, not a directory: "a/b" matches "a/b/c" and "a/bc"), sorted by
+	// key. An empty prefix lists everything. Objects being uploaded are never
+	// listed before they are complete.
+	List(ctx context.Context, prefix string) ([]ObjectInfo, error)
+
+	// Upload stores the content of the local file localPath under key,
+	// replacing any previous object. It is atomic: a concurrent List or
+	// Download sees either the previous object or the complete new one,
+	// never a partial object.
+	Upload(ctx context.Context, localPath, key string) error
+
+	// Download writes the object at key to localPath, atomically (a
+	// temporary file in the same directory, then a rename). The parent
+	// directory of localPath must exist. If the key does not exist the error
+	// wraps [ErrNotFound] and localPath is left untouched.
+	Download(ctx context.Context, key, localPath string) error
+
+	// Delete removes the object at key. Deleting a missing key is not an
+	// error.
+	Delete(ctx context.Context, key string) error
+
+	// String describes the store for humans and error messages, e.g.
+	// "s3://bucket/prefix" or "dir /var/lib/millpond".
+	String() string
+}
+
+// Checker is implemented by backends that can validate their configuration
+// (the directory exists, the bucket is reachable and listable) before first
+// use. Callers that want an early, clear error call Check once.
+type Checker interface {
+	// Check returns an error naming the store if it cannot be used.
+	Check(ctx context.Context) error
+}

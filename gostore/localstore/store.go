@@ -1,0 +1,326 @@
+// Package localstore is a worker's retained local state store: one snapshot
+// file per (flow id, worker) under the local state directory, locked so only
+// one process writes it, checked so it is never mixed with another flow's
+// state.
+//
+// It serves fast resume (read state locally instead of from the durable
+// store) and reads of keys that are not live in memory.
+package localstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/millpond/millpond/gostore/keygroup"
+	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/snapfile"
+)
+
+// ErrForeign is wrapped when the store on disk belongs to another flow or
+// key-group count.
+var ErrForeign = errors.New("local store belongs to another flow")
+
+// ErrLayoutChanged is wrapped when the store on disk was written by a
+// different worker layout (index or count): its rows are not this worker's
+// and it must be rebuilt from the durable store.
+var ErrLayoutChanged = errors.New("local store was written for another worker layout")
+
+// Config names a worker's local store.
+type Config struct {
+	// Dir is the local state directory shared by all flows and workers.
+	Dir           string
+	FlowID        string
+	WorkerIndex   int
+	WorkerCount   int
+	KeyGroupCount int
+	// Execution is recorded in the store's metadata as the last execution
+	// that opened it.
+	Execution int64
+}
+
+// Validate checks the config and returns an error that says what to change.
+func (c Config) Validate() error {
+	if c.Dir == "" {
+		return errors.New("local state directory is empty")
+	}
+	if err := ValidateFlowID(c.FlowID); err != nil {
+		return err
+	}
+	return keygroup.Validate(c.KeyGroupCount, c.WorkerIndex, c.WorkerCount)
+}
+
+// ValidateFlowID checks that a flow id can name recovery data.
+func ValidateFlowID(id string) error {
+	switch {
+	case id == "":
+		return errors.New("flow id is empty")
+	case strings.ContainsAny(id, "./\\\x00"):
+		return fmt.Errorf("flow id %q may not contain '.', '/', '\\' or NUL", id)
+	}
+	return nil
+}
+
+// WorkerDir is the directory holding one worker's store.
+func WorkerDir(dir, flowID string, worker int) string {
+	return filepath.Join(dir, flowID, fmt.Sprintf("worker-%04d", worker))
+}
+
+// FileName is the name of the snapshot file inside WorkerDir.
+const FileName = "store.sqlite"
+
+// Store is an open local store. Its methods are safe for concurrent use.
+type Store struct {
+	mu   sync.Mutex
+	cfg  Config
+	file *snapfile.File
+	lock *lock
+}
+
+// Open opens (or creates) the worker's store, taking its lock. With
+// resumeEpoch > 0, rows at or after it are rolled back: they belong to an
+// epoch that never committed and the run will write that epoch anew.
+func Open(ctx context.Context, cfg Config, resumeEpoch int64) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("open local store: %w", err)
+	}
+	if st, err := os.Stat(cfg.Dir); err != nil {
+		return nil, fmt.Errorf("open local store: local state directory %s: %w", cfg.Dir, err)
+	} else if !st.IsDir() {
+		return nil, fmt.Errorf("open local store: local state directory %s is not a directory", cfg.Dir)
+	}
+	wdir := WorkerDir(cfg.Dir, cfg.FlowID, cfg.WorkerIndex)
+	if err := os.MkdirAll(wdir, 0o755); err != nil {
+		return nil, fmt.Errorf("open local store %s: %w", wdir, err)
+	}
+	lk, err := acquireLock(filepath.Join(wdir, "LOCK"))
+	if err != nil {
+		return nil, fmt.Errorf("open local store %s: %w", wdir, err)
+	}
+	s, err := openLocked(ctx, cfg, wdir, resumeEpoch)
+	if err != nil {
+		lk.release()
+		return nil, err
+	}
+	s.lock = lk
+	return s, nil
+}
+
+func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64) (*Store, error) {
+	path := filepath.Join(wdir, FileName)
+	want := snapfile.Meta{
+		FlowID: cfg.FlowID, Kind: snapfile.KindLocal,
+		WorkerIndex: cfg.WorkerIndex, WorkerCount: cfg.WorkerCount,
+		KeyGroupCount: cfg.KeyGroupCount, Execution: cfg.Execution,
+	}
+	var f *snapfile.File
+	var err error
+	if _, statErr := os.Stat(path); errors.Is(statErr, os.ErrNotExist) {
+		f, err = snapfile.Create(ctx, path, want, snapfile.Options{})
+	} else {
+		f, err = snapfile.Open(ctx, path, snapfile.Options{})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open local store: %w", err)
+	}
+	got := f.Meta()
+	if err := checkMeta(path, got, want); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if resumeEpoch > 0 {
+		if _, err := f.DeleteFrom(ctx, resumeEpoch); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("open local store: %w", err)
+		}
+		got.LastEpoch = min(got.LastEpoch, resumeEpoch-1)
+		got.GCEpoch = min(got.GCEpoch, resumeEpoch-1)
+	}
+	got.Execution = cfg.Execution
+	if err := f.UpdateMeta(ctx, got); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open local store: %w", err)
+	}
+	return &Store{cfg: cfg, file: f}, nil
+}
+
+func checkMeta(path string, got, want snapfile.Meta) error {
+	switch {
+	case got.Kind != snapfile.KindLocal:
+		return fmt.Errorf("%w: %s is a %s file, not a local store; remove it or use another local state directory", ErrForeign, path, got.Kind)
+	case got.FlowID != want.FlowID:
+		return fmt.Errorf("%w: %s holds state of flow %q, not %q; use another local state directory", ErrForeign, path, got.FlowID, want.FlowID)
+	case got.KeyGroupCount != want.KeyGroupCount:
+		return fmt.Errorf("%w: %s was written with %d key groups, not %d; the key-group count is fixed for the life of a flow's state",
+			ErrForeign, path, got.KeyGroupCount, want.KeyGroupCount)
+	case got.WorkerIndex != want.WorkerIndex || got.WorkerCount != want.WorkerCount:
+		return fmt.Errorf("%w: %s belongs to worker %d of %d, not %d of %d", ErrLayoutChanged, path,
+			got.WorkerIndex, got.WorkerCount, want.WorkerIndex, want.WorkerCount)
+	}
+	return nil
+}
+
+// Inspect reads the metadata of the worker's store without locking it or
+// changing it. It returns os.ErrNotExist (wrapped) when there is none.
+func Inspect(ctx context.Context, dir, flowID string, worker int) (snapfile.Meta, error) {
+	path := filepath.Join(WorkerDir(dir, flowID, worker), FileName)
+	f, err := snapfile.Open(ctx, path, snapfile.Options{})
+	if err != nil {
+		return snapfile.Meta{}, err
+	}
+	defer f.Close()
+	return f.Meta(), nil
+}
+
+// Remove deletes the worker's store (to rebuild it). The caller must not
+// have it open.
+func Remove(dir, flowID string, worker int) error {
+	wdir := WorkerDir(dir, flowID, worker)
+	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm"} {
+		if err := os.Remove(filepath.Join(wdir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove local store %s: %w", wdir, err)
+		}
+	}
+	return nil
+}
+
+// Config returns the store's config.
+func (s *Store) Config() Config { return s.cfg }
+
+// Meta returns the store's current metadata.
+func (s *Store) Meta() snapfile.Meta {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.file.Meta()
+}
+
+// Path returns the path of the store's snapshot file.
+func (s *Store) Path() string { return s.file.Path() }
+
+var errClosed = errors.New("local store is closed")
+
+// Write stores a snapshot batch at epoch in one transaction.
+func (s *Store) Write(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return 0, errClosed
+	}
+	for i := range rows {
+		rows[i].Epoch = epoch
+	}
+	if len(rows) == 0 {
+		m := s.file.Meta()
+		if epoch <= m.LastEpoch {
+			return 0, nil
+		}
+		m.LastEpoch = epoch
+		return 0, s.file.UpdateMeta(ctx, m)
+	}
+	return s.file.Write(ctx, rows)
+}
+
+// Get returns the newest row of (step, key); see snapfile.File.Get.
+func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return rowbatch.Row{}, false, errClosed
+	}
+	return s.file.Get(ctx, step, key, 0)
+}
+
+// ScanPage returns one page of the newest rows; see snapfile.File.ScanPage.
+// Pages are read under the store's lock one at a time, so a long scan does
+// not block other calls.
+func (s *Store) ScanPage(ctx context.Context, o snapfile.ScanOptions, cur snapfile.Cursor) ([]rowbatch.Row, snapfile.Cursor, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return nil, cur, true, errClosed
+	}
+	return s.file.ScanPage(ctx, o, cur)
+}
+
+// Steps lists the step ids with rows.
+func (s *Store) Steps(ctx context.Context) ([]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return nil, errClosed
+	}
+	return s.file.Steps(ctx)
+}
+
+// Stats counts the store's rows.
+func (s *Store) Stats(ctx context.Context) (snapfile.Stats, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return snapfile.Stats{}, errClosed
+	}
+	return s.file.Stats(ctx)
+}
+
+// DeleteFrom rolls back rows at or after epoch.
+func (s *Store) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return 0, errClosed
+	}
+	n, err := s.file.DeleteFrom(ctx, epoch)
+	if err != nil {
+		return 0, err
+	}
+	m := s.file.Meta()
+	if m.LastEpoch >= epoch || m.GCEpoch >= epoch {
+		m.LastEpoch = min(m.LastEpoch, epoch-1)
+		m.GCEpoch = min(m.GCEpoch, epoch-1)
+		if err := s.file.UpdateMeta(ctx, m); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
+// GC removes rows superseded at or before the committed epoch and records
+// how far it got, so the next GC only looks at newer rows.
+func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return 0, errClosed
+	}
+	m := s.file.Meta()
+	n, err := s.file.GC(ctx, m.GCEpoch, committed)
+	if err != nil {
+		return 0, err
+	}
+	if committed > m.GCEpoch {
+		m.GCEpoch = committed
+		if err := s.file.UpdateMeta(ctx, m); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// Close closes the store and releases its lock. Closing twice is a no-op.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return nil
+	}
+	err := s.file.Close()
+	s.file = nil
+	if lerr := s.lock.release(); err == nil {
+		err = lerr
+	}
+	return err
+}

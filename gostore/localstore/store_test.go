@@ -1,0 +1,235 @@
+package localstore
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/snapfile"
+)
+
+func cfg(dir string) Config {
+	return Config{Dir: dir, FlowID: "wc", WorkerIndex: 0, WorkerCount: 1, KeyGroupCount: 16}
+}
+
+func put(key, v string) rowbatch.Row {
+	return rowbatch.Row{StepID: "wc.count", Key: key, Value: []byte(v)}
+}
+
+func TestOpenWriteReopenResumes(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, err := Open(ctx, cfg(dir), 0)
+	require.NoError(t, err)
+	_, err = s.Write(ctx, 1, []rowbatch.Row{put("a", "1"), put("b", "1")})
+	require.NoError(t, err)
+	_, err = s.Write(ctx, 2, []rowbatch.Row{put("a", "2")})
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+
+	// Resuming at epoch 2 rolls back what epoch 2 wrote.
+	s, err = Open(ctx, cfg(dir), 2)
+	require.NoError(t, err)
+	defer s.Close()
+	r, found, err := s.Get(ctx, "wc.count", "a")
+	require.NoError(t, err)
+	require.True(t, found)
+	assert.Equal(t, "1", string(r.Value))
+	assert.Equal(t, int64(1), s.Meta().LastEpoch)
+}
+
+func TestEmptyWriteAdvancesLastEpoch(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Write(ctx, 5, nil)
+	require.NoError(t, err)
+	assert.Equal(t, int64(5), s.Meta().LastEpoch)
+}
+
+func TestSecondOpenIsLockedAndNamesThePid(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, err := Open(ctx, cfg(dir), 0)
+	require.NoError(t, err)
+	_, err = Open(ctx, cfg(dir), 0)
+	require.ErrorIs(t, err, ErrLocked)
+	assert.Contains(t, err.Error(), fmt.Sprintf("process %d", os.Getpid()))
+	require.NoError(t, s.Close())
+	s, err = Open(ctx, cfg(dir), 0)
+	require.NoError(t, err, "the lock is released on close")
+	require.NoError(t, s.Close())
+}
+
+func TestOpenRefusesMismatchedStores(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name   string
+		mutate func(*Config)
+		want   error
+		msg    string
+	}{
+		{"key groups", func(c *Config) { c.KeyGroupCount = 32 }, ErrForeign, "16 key groups, not 32"},
+		{"worker count", func(c *Config) { c.WorkerCount = 2 }, ErrLayoutChanged, "worker 0 of 1, not 0 of 2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s, err := Open(ctx, cfg(dir), 0)
+			require.NoError(t, err)
+			require.NoError(t, s.Close())
+			other := cfg(dir)
+			c.mutate(&other)
+			_, err = Open(ctx, other, 0)
+			require.ErrorIs(t, err, c.want)
+			assert.Contains(t, err.Error(), c.msg)
+		})
+	}
+}
+
+func TestOpenRefusesStoreCopiedFromAnotherFlow(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, err := Open(ctx, cfg(dir), 0)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	other := cfg(dir)
+	other.FlowID = "other"
+	require.NoError(t, os.MkdirAll(filepath.Dir(WorkerDir(dir, "other", 0)), 0o755))
+	require.NoError(t, os.Rename(WorkerDir(dir, "wc", 0), WorkerDir(dir, "other", 0)))
+	_, err = Open(ctx, other, 0)
+	require.ErrorIs(t, err, ErrForeign)
+	assert.Contains(t, err.Error(), `holds state of flow "wc", not "other"`)
+}
+
+func TestConfigValidation(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*Config)
+		msg    string
+	}{
+		{"dot in flow id", func(c *Config) { c.FlowID = "a.b" }, "may not contain"},
+		{"empty flow id", func(c *Config) { c.FlowID = "" }, "flow id is empty"},
+		{"no dir", func(c *Config) { c.Dir = "" }, "directory is empty"},
+		{"worker index", func(c *Config) { c.WorkerIndex = 3 }, "out of range"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			x := cfg(t.TempDir())
+			c.mutate(&x)
+			_, err := Open(context.Background(), x, 0)
+			require.ErrorContains(t, err, c.msg)
+		})
+	}
+	_, err := Open(context.Background(), cfg("/nonexistent/state/dir"), 0)
+	require.ErrorContains(t, err, "/nonexistent/state/dir")
+}
+
+func TestGCRemovesSupersededRowsIncrementally(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	for e := int64(1); e <= 5; e++ {
+		_, err := s.Write(ctx, e, []rowbatch.Row{put("a", strconv.FormatInt(e, 10))})
+		require.NoError(t, err)
+	}
+	n, err := s.GC(ctx, 3)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), n)
+	assert.Equal(t, int64(3), s.Meta().GCEpoch)
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), st.Rows)
+}
+
+// TestCrashMidWriteKeepsEveryFinishedBatch runs a child that writes batches
+// and reports each finished one, kills it with SIGKILL in the middle of the
+// stream, and checks the store: readable, every reported batch intact, no
+// partial batch visible.
+func TestCrashMidWriteKeepsEveryFinishedBatch(t *testing.T) {
+	if os.Getenv("MILLPOND_CRASH_CHILD") != "" {
+		t.Skip("child mode")
+	}
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.v")
+	cmd.Env = append(os.Environ(), "MILLPOND_CRASH_CHILD="+dir)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+
+	done := 0
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "batch ") {
+			done, _ = strconv.Atoi(strings.TrimPrefix(sc.Text(), "batch "))
+			if done >= 7 {
+				break
+			}
+		}
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	cmd.Wait()
+	require.GreaterOrEqual(t, done, 7)
+
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(dir), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	// Each batch e writes 2000 keys with value "e"; a batch is visible
+	// either entirely or not at all.
+	counts := map[string]int{}
+	require.NoError(t, func() error {
+		var cur snapfile.Cursor
+		for {
+			rows, next, end, err := s.ScanPage(ctx, snapfile.ScanOptions{StepID: "wc.count"}, cur)
+			if err != nil {
+				return err
+			}
+			for _, r := range rows {
+				counts[string(r.Value)]++
+			}
+			if end {
+				return nil
+			}
+			cur = next
+		}
+	}())
+	last := s.Meta().LastEpoch
+	require.GreaterOrEqual(t, last, int64(done), "every reported batch is durable")
+	assert.Equal(t, map[string]int{strconv.FormatInt(last, 10): 2000}, counts)
+}
+
+// TestCrashChild is the child of the crash test: it writes until killed.
+func TestCrashChild(t *testing.T) {
+	dir := os.Getenv("MILLPOND_CRASH_CHILD")
+	if dir == "" {
+		t.Skip("only runs as the crash test's child")
+	}
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(dir), 0)
+	require.NoError(t, err)
+	for e := int64(1); ; e++ {
+		rows := make([]rowbatch.Row, 2000)
+		for i := range rows {
+			rows[i] = put(fmt.Sprintf("k%05d", i), strconv.FormatInt(e, 10))
+		}
+		_, err := s.Write(ctx, e, rows)
+		require.NoError(t, err)
+		fmt.Printf("batch %d\n", e)
+		os.Stdout.Sync()
+	}
+}
