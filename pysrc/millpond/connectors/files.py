@@ -1,0 +1,445 @@
+"""Sources and sinks over local files that resume exactly where they stopped.
+
+Sources read lines (``FileSource``, ``DirSource``) or CSV rows
+(``CSVSource``) and snapshot the byte offset after the last item they
+emitted; a resumed run seeks there. Sinks (``FileSink``, ``DirSink``) write
+``str`` values followed by ``end``, snapshot the byte offset they have
+written (after an ``fsync``, since the snapshot claims the bytes are on
+disk) and, when resumed, truncate the file back to that offset before
+writing. A flow from file sources to file sinks therefore produces exactly
+the output of a run that never failed, whatever instant it was killed at.
+
+A sink that starts *without* resume state (a fresh run, or recovery off)
+truncates its file to empty: each run rewrites the output.
+
+Example::
+
+    flow = Dataflow("copy")
+    lines = op.input("in", flow, FileSource("in.txt"))
+    keyed = op.key_on("one_file", lines, lambda _line: "all")
+    op.output("out", keyed, FileSink("out.txt"))
+
+File sinks are fixed-partitioned sinks, so their upstream is a keyed stream
+of ``(key, str)`` pairs; the key picks the file (``DirSink``) and is not
+written.
+
+Partition names have the form ``FS_ID::PATH``. ``get_fs_id`` names the file
+system a path lives on; the default, ``"local"``, says every worker sees the
+same files (one machine or a shared mount). Partition names key the resume
+state, so whatever ``get_fs_id`` returns must stay the same across restarts.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+
+from millpond.inputs import FixedPartitionedSource, StatefulSourcePartition
+from millpond.outputs import FixedPartitionedSink, StatefulSinkPartition
+
+__all__ = [
+    "local_fs_id",
+    "FileSource",
+    "DirSource",
+    "CSVSource",
+    "FileSink",
+    "DirSink",
+]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def local_fs_id(path: Path) -> str:
+    """The default ``get_fs_id``: all workers share one view of the files.
+
+    Pass your own, such as ``lambda _p: socket.gethostname()``, when each
+    machine of a cluster reads its own local files under the same path.
+    """
+    return "local"
+
+
+def _fs_id(get_fs_id: Callable[[Path], str], path: Path) -> str:
+    fs_id = get_fs_id(path)
+    if not isinstance(fs_id, str) or "::" in fs_id:
+        raise ValueError(f"get_fs_id must return a str without '::', got {fs_id!r}")
+    return fs_id
+
+
+def _split_part(for_part: str) -> str:
+    _fs_id, sep, rest = for_part.partition("::")
+    if not sep:
+        raise ValueError(f"not a file partition name (expected 'FS_ID::PATH'): {for_part!r}")
+    return rest
+
+
+def _check_batch_size(batch_size: int) -> None:
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+
+
+def _open_at(path: Path, offset: Optional[int]) -> "tuple[Any, int]":
+    """Open ``path`` for reading positioned at ``offset`` (``None`` = start)."""
+    f = open(path, "rb")  # noqa: SIM115  (owned by the partition, closed in close())
+    if not offset:
+        return f, 0
+    size = os.fstat(f.fileno()).st_size
+    if offset > size:
+        f.close()
+        raise ValueError(
+            f"{path}: cannot resume at byte {offset}, the file has only {size} bytes; "
+            "it was truncated or replaced since the snapshot"
+        )
+    f.seek(offset)
+    return f, offset
+
+
+def _strip_eol(line: str) -> str:
+    if line.endswith("\n"):
+        line = line[:-1]
+        if line.endswith("\r"):
+            line = line[:-1]
+    return line
+
+
+class _LinePartition(StatefulSourcePartition[str, int]):
+    """Reads a file's lines; the resume state is the byte offset of the next line."""
+
+    def __init__(self, path: Path, batch_size: int, resume_state: Optional[int]) -> None:
+        self._path = path
+        self._batch_size = batch_size
+        self._f, self._offset = _open_at(path, resume_state)
+
+    def next_batch(self) -> List[str]:
+        readline = self._f.readline
+        out: List[str] = []
+        offset = self._offset
+        for _ in range(self._batch_size):
+            raw = readline()
+            if not raw:
+                break
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as ex:
+                raise ValueError(f"{self._path}: line at byte {offset} is not UTF-8: {ex}") from ex
+            offset += len(raw)
+            out.append(_strip_eol(line))
+        self._offset = offset
+        if not out:
+            raise StopIteration()
+        return out
+
+    def snapshot(self) -> int:
+        return self._offset
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class FileSource(FixedPartitionedSource[str, int]):
+    """Read a text file (UTF-8) line by line, without line endings.
+
+    One partition, so one worker reads the file. Emits batches of up to
+    ``batch_size`` lines; ``"\\n"`` and ``"\\r\\n"`` endings are removed, other
+    whitespace is kept, and a last line without a newline is still emitted.
+    Resumes at the byte after the last line emitted. The file is opened when
+    the flow runs, not when the source is built; a missing file or non-UTF-8
+    content makes the run fail with an error naming the path.
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        batch_size: int = 1000,
+        get_fs_id: Callable[[Path], str] = local_fs_id,
+    ) -> None:
+        _check_batch_size(batch_size)
+        self._path = Path(path)
+        self._batch_size = batch_size
+        self._get_fs_id = get_fs_id
+
+    def list_parts(self) -> List[str]:
+        return [f"{_fs_id(self._get_fs_id, self._path)}::{self._path}"]
+
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: Optional[int]
+    ) -> StatefulSourcePartition[str, int]:
+        return _LinePartition(self._path, self._batch_size, resume_state)
+
+
+class DirSource(FixedPartitionedSource[str, int]):
+    """Read every file in ``dir`` matching ``glob_pat``, one partition per file.
+
+    Each file is read like :class:`FileSource`, so partitions (files) are
+    spread over the workers. ``glob_pat`` is a :meth:`pathlib.Path.glob`
+    pattern relative to ``dir`` (``"*.log"``, ``"**/*.txt"``); directories
+    are skipped. The set of files is taken when the flow starts. Raises
+    ``NotADirectoryError`` at run time if ``dir`` is not a directory.
+    """
+
+    def __init__(
+        self,
+        dir: PathLike,  # noqa: A002  (the name users know from Bytewax)
+        glob_pat: str = "*",
+        batch_size: int = 1000,
+        get_fs_id: Callable[[Path], str] = local_fs_id,
+    ) -> None:
+        _check_batch_size(batch_size)
+        self._dir = Path(dir)
+        self._glob_pat = glob_pat
+        self._batch_size = batch_size
+        self._get_fs_id = get_fs_id
+
+    def list_parts(self) -> List[str]:
+        if not self._dir.is_dir():
+            raise NotADirectoryError(f"DirSource: {self._dir} is not a directory")
+        fs_id = _fs_id(self._get_fs_id, self._dir)
+        rels = sorted(
+            p.relative_to(self._dir).as_posix() for p in self._dir.glob(self._glob_pat) if p.is_file()
+        )
+        return [f"{fs_id}::{rel}" for rel in rels]
+
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: Optional[int]
+    ) -> StatefulSourcePartition[str, int]:
+        return _LinePartition(self._dir / _split_part(for_part), self._batch_size, resume_state)
+
+
+class _CSVPartition(StatefulSourcePartition[Dict[str, Any], int]):
+    """Reads CSV rows as dicts; the resume state is the byte offset of the next row."""
+
+    def __init__(
+        self,
+        path: Path,
+        batch_size: int,
+        resume_state: Optional[int],
+        fmtparams: Dict[str, Any],
+    ) -> None:
+        self._path = path
+        self._batch_size = batch_size
+        # The header is always read from the start, also on resume, so the
+        # snapshot only needs the offset.
+        self._f, _ = _open_at(path, None)
+        self._offset = 0
+        lines = self._lines()
+        try:
+            header: Optional[List[str]] = next(csv.reader(lines, **fmtparams))
+        except StopIteration:
+            header = None  # an empty file: no header, no rows
+        except csv.Error as ex:
+            raise ValueError(f"{path}: bad CSV header: {ex}") from ex
+        if header is not None and header and header[0].startswith("\ufeff"):
+            header[0] = header[0][1:]  # a UTF-8 byte order mark from spreadsheet exports
+        if resume_state:
+            size = os.fstat(self._f.fileno()).st_size
+            if resume_state > size:
+                self._f.close()
+                raise ValueError(
+                    f"{path}: cannot resume at byte {resume_state}, the file has only "
+                    f"{size} bytes; it was truncated or replaced since the snapshot"
+                )
+            self._f.seek(resume_state)
+            self._offset = resume_state
+        self._reader: Optional[Iterator[Dict[str, Any]]] = (
+            None if header is None else csv.DictReader(lines, fieldnames=header, **fmtparams)
+        )
+
+    def _lines(self) -> Iterator[str]:
+        # The csv module pulls lines one at a time (more than one only for a
+        # quoted field with newlines) and never reads ahead, so after each
+        # row the offset is exactly the end of that row.
+        readline = self._f.readline
+        while True:
+            raw = readline()
+            if not raw:
+                return
+            self._offset += len(raw)
+            yield raw.decode("utf-8")
+
+    def next_batch(self) -> List[Dict[str, Any]]:
+        if self._reader is None:
+            raise StopIteration()
+        out: List[Dict[str, Any]] = []
+        reader = self._reader
+        try:
+            for _ in range(self._batch_size):
+                row = next(reader, None)
+                if row is None:
+                    break
+                out.append(row)
+        except (csv.Error, UnicodeDecodeError) as ex:
+            raise ValueError(f"{self._path}: bad CSV before byte {self._offset}: {ex}") from ex
+        if not out:
+            raise StopIteration()
+        return out
+
+    def snapshot(self) -> int:
+        return self._offset
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class CSVSource(FixedPartitionedSource[Dict[str, Any], int]):
+    """Read a CSV file (UTF-8) with a header row; emit one ``dict`` per row.
+
+    Values are strings, keyed by the header's column names, as with
+    :class:`csv.DictReader`: a short row fills missing columns with ``None``,
+    extra fields go in a list under the key ``None``, blank lines are
+    skipped. ``fmtparams`` are passed to the ``csv`` module (``delimiter=";"``,
+    ``quotechar``, ``dialect``, ...). Quoted fields may span lines. Resumes at
+    the byte after the last row emitted.
+
+    Example::
+
+        rows = op.input("rows", flow, CSVSource("trades.csv", delimiter=";"))
+    """
+
+    def __init__(
+        self,
+        path: PathLike,
+        batch_size: int = 1000,
+        get_fs_id: Callable[[Path], str] = local_fs_id,
+        **fmtparams: Any,
+    ) -> None:
+        _check_batch_size(batch_size)
+        self._path = Path(path)
+        self._batch_size = batch_size
+        self._get_fs_id = get_fs_id
+        # Fail now, not when the flow runs, on a misspelled format parameter.
+        csv.reader([], **fmtparams)
+        self._fmtparams = fmtparams
+
+    def list_parts(self) -> List[str]:
+        return [f"{_fs_id(self._get_fs_id, self._path)}::{self._path}"]
+
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: Optional[int]
+    ) -> StatefulSourcePartition[Dict[str, Any], int]:
+        return _CSVPartition(self._path, self._batch_size, resume_state, self._fmtparams)
+
+
+class _FileSinkPartition(StatefulSinkPartition[str, int]):
+    """Appends values; the resume state is the byte length of the file."""
+
+    def __init__(self, path: Path, end: str, resume_state: Optional[int]) -> None:
+        self._path = path
+        self._end = end
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        self._f = os.fdopen(fd, "r+b")
+        offset = resume_state or 0
+        size = os.fstat(fd).st_size
+        if offset > size:
+            self._f.close()
+            raise ValueError(
+                f"{path}: the snapshot says {offset} bytes were written but the file has "
+                f"only {size}; it was truncated or replaced since, so resuming would lose output"
+            )
+        # Drop whatever the failed run wrote after the last committed epoch;
+        # the replayed input writes it again.
+        self._f.truncate(offset)
+        self._f.seek(offset)
+
+    def write_batch(self, values: List[str]) -> None:
+        end = self._end
+        try:
+            data = end.join(values) + end if values else ""
+        except TypeError:
+            bad = next(v for v in values if not isinstance(v, str))
+            raise TypeError(
+                f"{self._path}: file sinks write str values, got {type(bad).__name__} "
+                f"{bad!r:.80}; convert first, e.g. op.map_value('fmt', stream, str)"
+            ) from None
+        self._f.write(data.encode("utf-8"))
+
+    def snapshot(self) -> int:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        return self._f.tell()
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            self._f.close()
+
+
+class FileSink(FixedPartitionedSink[str, int]):
+    """Write each ``str`` value, followed by ``end``, to one file.
+
+    The upstream is a keyed stream ``(key, str)``; the key is ignored (all
+    values go to the one file). A fresh run truncates the file; a resumed
+    run truncates it to the offset of the epoch it resumes from, so the
+    file never holds output of an epoch twice. The parent directory is
+    created if needed. A value that is not a ``str`` fails the run with a
+    ``TypeError`` naming the file.
+    """
+
+    def __init__(self, path: PathLike, end: str = "\n") -> None:
+        self._path = Path(path)
+        self._end = end
+
+    def list_parts(self) -> List[str]:
+        return [str(self._path)]
+
+    def part_fn(self, item_key: str) -> int:
+        return 0
+
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: Optional[int]
+    ) -> StatefulSinkPartition[str, int]:
+        return _FileSinkPartition(self._path, self._end, resume_state)
+
+
+def _default_file_namer(index: int, count: int) -> str:
+    return f"part_{index}"
+
+
+def _default_assign_file(key: str) -> int:
+    return zlib.crc32(key.encode("utf-8"))
+
+
+class DirSink(FixedPartitionedSink[str, int]):
+    """Write ``str`` values to ``file_count`` files in ``dir``, picked by key.
+
+    The item's key goes through ``assign_file(key) -> int`` (default: a
+    stable CRC-32 of the key), taken modulo ``file_count``; file ``i`` is
+    named ``file_namer(i, file_count)`` (default ``part_{i}``). Each file is
+    a partition, so the files are spread over the workers, and each one
+    behaves like :class:`FileSink` (truncated on a fresh run, truncated to
+    its snapshot on resume). ``dir`` is created if needed.
+
+    Raises ``ValueError`` if ``file_count`` is less than 1 or two files get
+    the same name.
+    """
+
+    def __init__(
+        self,
+        dir: PathLike,  # noqa: A002  (the name users know from Bytewax)
+        file_count: int,
+        file_namer: Callable[[int, int], str] = _default_file_namer,
+        assign_file: Callable[[str], int] = _default_assign_file,
+        end: str = "\n",
+    ) -> None:
+        if not isinstance(file_count, int) or file_count < 1:
+            raise ValueError(f"file_count must be a positive int, got {file_count!r}")
+        self._dir = Path(dir)
+        self._file_count = file_count
+        self._names = [file_namer(i, file_count) for i in range(file_count)]
+        if len(set(self._names)) != file_count:
+            raise ValueError(f"file_namer must give each file its own name, got {self._names}")
+        self._assign_file = assign_file
+        self._end = end
+
+    def list_parts(self) -> List[str]:
+        return list(self._names)
+
+    def part_fn(self, item_key: str) -> int:
+        return self._assign_file(item_key) % self._file_count
+
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: Optional[int]
+    ) -> StatefulSinkPartition[str, int]:
+        return _FileSinkPartition(self._dir / for_part, self._end, resume_state)
