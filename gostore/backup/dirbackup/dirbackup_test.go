@@ -1,0 +1,112 @@
+package dirbackup
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/backup"
+	"github.com/millpond/millpond/gostore/backup/backuptest"
+)
+
+func newTestBackup(t *testing.T) *DirBackup {
+	t.Helper()
+	b, err := New(filepath.Join(t.TempDir(), "store"), nil)
+	require.NoError(t, err)
+	return b
+}
+
+func TestConformance(t *testing.T) {
+	backuptest.RunConformance(t, func(t *testing.T) backup.Backup { return newTestBackup(t) })
+}
+
+func TestNewCreatesRootWhenParentExists(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "fresh")
+	b, err := New(root, nil)
+	require.NoError(t, err)
+	assert.DirExists(t, root)
+	assert.Equal(t, "dir "+root, b.String())
+	require.NoError(t, b.Check(context.Background()))
+}
+
+func TestNewRejectsMissingParentAndFiles(t *testing.T) {
+	tmp := t.TempDir()
+	file := filepath.Join(tmp, "file")
+	require.NoError(t, os.WriteFile(file, nil, 0o600))
+	tests := []struct {
+		name, root, wantMsg string
+	}{
+		{"MissingParent", filepath.Join(tmp, "no", "such"), "does not exist, and neither does its parent " + filepath.Join(tmp, "no")},
+		{"RootIsFile", file, "not a directory"},
+		{"Empty", "", "empty path"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(tt.root, nil)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.wantMsg)
+			assert.Contains(t, err.Error(), tt.root)
+		})
+	}
+}
+
+func TestCheckFailsWhenRootRemoved(t *testing.T) {
+	b := newTestBackup(t)
+	require.NoError(t, os.Remove(b.Root()))
+	err := b.Check(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), b.Root())
+}
+
+func TestListSkipsTemporaryFiles(t *testing.T) {
+	b := newTestBackup(t)
+	backuptest.Put(t, b, "flow/a", []byte("a"))
+	// Leftovers of an upload interrupted by a crash.
+	require.NoError(t, os.WriteFile(filepath.Join(b.Root(), "flow", backup.TempPrefix+"a-123"), []byte("partial"), 0o600))
+	require.NoError(t, os.MkdirAll(filepath.Join(b.Root(), backup.TempPrefix+"dir"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(b.Root(), backup.TempPrefix+"dir", "x"), nil, 0o600))
+	assert.Equal(t, []string{"flow/a"}, backuptest.Keys(t, b, ""))
+	assert.Equal(t, []string{"flow/a"}, backuptest.Keys(t, b, "flow/"))
+}
+
+func TestKeysWithTempPrefixRejected(t *testing.T) {
+	b := newTestBackup(t)
+	src, _ := backuptest.WriteRandomFile(t, t.TempDir(), 1)
+	err := b.Upload(context.Background(), src, "flow/"+backup.TempPrefix+"x")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "reserved prefix")
+}
+
+func TestDeletePrunesEmptyDirectories(t *testing.T) {
+	b := newTestBackup(t)
+	ctx := context.Background()
+	backuptest.Put(t, b, "f/e/1/seg", []byte("x"))
+	backuptest.Put(t, b, "f/keep", []byte("y"))
+	require.NoError(t, b.Delete(ctx, "f/e/1/seg"))
+	assert.NoDirExists(t, filepath.Join(b.Root(), "f", "e"))
+	assert.DirExists(t, filepath.Join(b.Root(), "f"))
+	require.NoError(t, b.Delete(ctx, "f/keep"))
+	assert.NoDirExists(t, filepath.Join(b.Root(), "f"))
+	assert.DirExists(t, b.Root(), "the root itself is never pruned")
+}
+
+func TestUploadUnderAnObjectKeyFails(t *testing.T) {
+	b := newTestBackup(t)
+	backuptest.Put(t, b, "a", []byte("x"))
+	src, _ := backuptest.WriteRandomFile(t, t.TempDir(), 1)
+	err := b.Upload(context.Background(), src, "a/b")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "a/b")
+}
+
+func TestObjectsAreReadableFiles(t *testing.T) {
+	b := newTestBackup(t)
+	backuptest.Put(t, b, "x/y", []byte("hello"))
+	fi, err := os.Stat(filepath.Join(b.Root(), "x", "y"))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o644), fi.Mode().Perm())
+}
