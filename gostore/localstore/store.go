@@ -88,7 +88,9 @@ func Open(ctx context.Context, cfg Config, resumeEpoch int64) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("open local store: %w", err)
 	}
-	if st, err := os.Stat(cfg.Dir); err != nil {
+	if st, err := os.Stat(cfg.Dir); errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("open local store: local state directory %s does not exist; create it or pass an existing directory: %w", cfg.Dir, err)
+	} else if err != nil {
 		return nil, fmt.Errorf("open local store: local state directory %s: %w", cfg.Dir, err)
 	} else if !st.IsDir() {
 		return nil, fmt.Errorf("open local store: local state directory %s is not a directory", cfg.Dir)
