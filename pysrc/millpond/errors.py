@@ -12,10 +12,12 @@ __all__ = [
     "StateStoreError",
     "StoreLockedError",
     "ForeignStoreError",
+    "StoreLayoutError",
     "SnapshotError",
     "RecoveryError",
     "BackupError",
     "CorruptObjectError",
+    "AbortExecution",
 ]
 
 
@@ -35,6 +37,11 @@ class ForeignStoreError(StateStoreError):
     """The local state store belongs to another flow or key-group count."""
 
 
+class StoreLayoutError(ForeignStoreError):
+    """The local state store was written for another worker index or count;
+    recovery rebuilds it from the durable store."""
+
+
 class SnapshotError(StateStoreError):
     """A state object's snapshot could not be serialized; nothing was written."""
 
@@ -49,3 +56,11 @@ class BackupError(RecoveryError):
 
 class CorruptObjectError(RecoveryError):
     """A durable or local object failed its checksum or format check."""
+
+
+class AbortExecution(Exception):
+    """Raised by a source partition to stop the execution at once, as a crash
+    would: no ``on_eof``, no further snapshot, no error for the caller.
+    Epochs closed before it still finish committing. ``TestingSource.ABORT()``
+    uses it to test recovery.
+    """
