@@ -136,7 +136,7 @@ def _parse_target(text: str, what: str) -> Tuple[List[str], Optional[Tuple[List[
     try:
         node = ast.parse(text.strip(), mode="eval").body
     except SyntaxError:
-        raise ImportStringError(f"{what} is not a name or a call like get_flow(\"x\", n=3)") from None
+        raise ImportStringError(f"{what}: the part after ':' must be a name or a call like get_flow(\"x\", n=3)") from None
     call_args: Optional[Tuple[List[Any], Dict[str, Any]]] = None
     if isinstance(node, ast.Call):
         args: List[Any] = []
@@ -156,7 +156,7 @@ def _parse_target(text: str, what: str) -> Tuple[List[str], Optional[Tuple[List[
         parts.append(node.attr)
         node = node.value
     if not isinstance(node, ast.Name):
-        raise ImportStringError(f"{what} is not a name or a call like get_flow(\"x\", n=3)")
+        raise ImportStringError(f"{what}: the part after ':' must be a name or a call like get_flow(\"x\", n=3)")
     parts.append(node.id)
     parts.reverse()
     return parts, call_args
