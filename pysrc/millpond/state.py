@@ -1,0 +1,500 @@
+"""The per-worker state store that stateful operators use.
+
+A stateful step registers a *builder* for its step id; the store keeps one
+live state object per ``(step_id, key)`` and knows nothing else about the
+operator. State objects are duck-typed: anything with a ``.snapshot()``
+method (the :class:`Stateful` protocol). At an epoch's end the store calls
+``.snapshot()`` on every object touched since the last snapshot, pickles the
+results and hands the whole batch to the Go core in one call.
+
+>>> import tempfile
+>>> class Counter:
+...     def __init__(self, resume_state):
+...         self.n = resume_state or 0
+...     def snapshot(self):
+...         return self.n
+>>> d = tempfile.mkdtemp()
+>>> with StateStore.open(d, "wc") as store:
+...     store.register("wc.count", Counter)
+...     store.get_or_build("wc.count", "apple").n += 3
+...     store.snapshot(epoch=1)
+1
+>>> with StateStore.open(d, "wc", resume_epoch=2) as store:
+...     store.register("wc.count", Counter)
+...     store.get("wc.count", "apple").n
+3
+
+:class:`MemoryStateStore` has the same methods and keeps state in memory
+only; the runtime uses it when recovery is off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Protocol, Union, runtime_checkable
+
+from millpond._corebridge import core, raise_core_error
+from millpond.errors import SnapshotError, StateStoreError
+from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
+
+__all__ = ["Stateful", "Builder", "StateStore", "MemoryStateStore"]
+
+logger = logging.getLogger("millpond")
+
+#: Snapshots are pickled with this protocol (out-of-band buffers aside, the
+#: newest protocol is the fastest and most compact).
+PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+_MISSING: Any = object()
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """A live state object: anything that can snapshot itself.
+
+    ``snapshot()`` returns a picklable value that captures the object's state
+    and is not mutated afterwards (the store may pickle it later in the same
+    epoch). The step's builder turns that value back into a live object.
+    """
+
+    def snapshot(self) -> Any:
+        """Return a picklable, effectively immutable copy of the state."""
+        ...
+
+
+#: ``builder(resume_state_or_None) -> Stateful``: ``None`` for a new key, the
+#: last snapshot when the key is restored.
+Builder = Callable[[Any], Any]
+
+
+class _LiveState:
+    """Live objects, the touched set and pending deletions, per step.
+
+    This is the hot path: ``get`` on a live key is two dict lookups and a set
+    insertion. Subclasses supply persistence through ``_load``.
+    """
+
+    def __init__(self) -> None:
+        self._builders: dict[str, Builder] = {}
+        self._live: dict[str, dict[str, Any]] = {}
+        self._dirty: dict[str, set[str]] = {}
+        self._deleted: dict[str, set[str]] = {}
+        # Steps that may have keys stored but not live; other steps never
+        # pay for a lookup on a miss.
+        self._maybe_stored: set[str] = set()
+        self._closed = False
+
+    # -- registration -------------------------------------------------------
+
+    def register(self, step_id: str, builder: Builder) -> None:
+        """Register ``builder`` as the way to build state objects of ``step_id``.
+
+        Registering the same step id again replaces the builder (live objects
+        are kept). Raises ``TypeError`` if ``builder`` is not callable.
+        """
+        self._check_open()
+        if not isinstance(step_id, str) or not step_id:
+            raise TypeError(f"step id must be a non-empty str, got {step_id!r}")
+        if not callable(builder):
+            raise TypeError(f"builder for step {step_id!r} must be callable, got {builder!r}")
+        self._builders[step_id] = builder
+        self._live.setdefault(step_id, {})
+        self._dirty.setdefault(step_id, set())
+        self._deleted.setdefault(step_id, set())
+
+    def registered_steps(self) -> list[str]:
+        """Return the step ids with a registered builder."""
+        return sorted(self._builders)
+
+    # -- access -------------------------------------------------------------
+
+    def get(self, step_id: str, key: str) -> Optional[Any]:
+        """Return the live state object of ``key``, or ``None`` if it has none.
+
+        A key that is not live is hydrated through the step's builder from
+        the newest stored snapshot. The key counts as touched: its object is
+        snapshotted at the next :meth:`snapshot`.
+        """
+        try:
+            live = self._live[step_id]
+        except KeyError:
+            raise self._unknown_step(step_id) from None
+        obj = live.get(key, _MISSING)
+        if obj is _MISSING:
+            obj = self._hydrate(step_id, key)
+            if obj is None:
+                return None
+        self._dirty[step_id].add(key)
+        return obj
+
+    def get_or_build(self, step_id: str, key: str) -> Any:
+        """Like :meth:`get`, but build a new object with ``builder(None)`` if
+        the key has no state."""
+        try:
+            live = self._live[step_id]
+        except KeyError:
+            raise self._unknown_step(step_id) from None
+        obj = live.get(key, _MISSING)
+        if obj is _MISSING:
+            obj = self._hydrate(step_id, key)
+            if obj is None:
+                obj = self._builders[step_id](None)
+                live[key] = obj
+                self._deleted[step_id].discard(key)
+        self._dirty[step_id].add(key)
+        return obj
+
+    def set(self, step_id: str, key: str, obj: Any) -> None:
+        """Make ``obj`` the live state object of ``key`` (touched)."""
+        try:
+            live = self._live[step_id]
+        except KeyError:
+            raise self._unknown_step(step_id) from None
+        if type(key) is not str:
+            raise self._bad_key(step_id, key)
+        if obj is None:
+            raise TypeError(f"state of step {step_id!r} key {key!r} is None; use discard() to drop a key")
+        live[key] = obj
+        self._deleted[step_id].discard(key)
+        self._dirty[step_id].add(key)
+
+    def discard(self, step_id: str, key: str) -> None:
+        """Drop ``key``'s state; the next snapshot records a deletion."""
+        try:
+            live = self._live[step_id]
+        except KeyError:
+            raise self._unknown_step(step_id) from None
+        if type(key) is not str:
+            raise self._bad_key(step_id, key)
+        live.pop(key, None)
+        self._deleted[step_id].add(key)
+        self._dirty[step_id].add(key)
+
+    def keys(self, step_id: str) -> list[str]:
+        """Return every key of ``step_id`` with state, live or stored, sorted."""
+        if step_id not in self._live:
+            raise self._unknown_step(step_id)
+        found = set(self._live[step_id])
+        if step_id in self._maybe_stored:
+            found.update(self._stored_keys(step_id))
+            found.difference_update(self._deleted[step_id])
+        return sorted(found)
+
+    def live_count(self) -> int:
+        """Return how many state objects are live in memory."""
+        return sum(len(v) for v in self._live.values())
+
+    def dirty_count(self) -> int:
+        """Return how many keys the next snapshot will write."""
+        return sum(len(v) for v in self._dirty.values())
+
+    # -- snapshots ----------------------------------------------------------
+
+    def _collect(self) -> list[tuple[str, str, Optional[bytes]]]:
+        """Snapshot and pickle every touched key; deletions carry ``None``.
+
+        Raises :class:`SnapshotError` naming the step and key whose state
+        could not be snapshotted or pickled; nothing is consumed then.
+        """
+        rows: list[tuple[str, str, Optional[bytes]]] = []
+        append = rows.append
+        dumps = pickle.dumps
+        for step_id, touched in self._dirty.items():
+            if not touched:
+                continue
+            live = self._live[step_id]
+            for key in touched:
+                obj = live.get(key, _MISSING)
+                if obj is _MISSING:
+                    append((step_id, key, None))
+                    continue
+                try:
+                    append((step_id, key, dumps(obj.snapshot(), PICKLE_PROTOCOL)))
+                except Exception as exc:
+                    raise SnapshotError(
+                        f"cannot snapshot state of step {step_id!r} key {key!r}: "
+                        f"{type(exc).__name__}: {exc}; make .snapshot() return a picklable value"
+                    ) from exc
+        return rows
+
+    def _clear_dirty(self) -> None:
+        for touched in self._dirty.values():
+            touched.clear()
+        for deleted in self._deleted.values():
+            deleted.clear()
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def __enter__(self) -> "_LiveState":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop all live state. Closing twice is a no-op."""
+        self._closed = True
+        self._live = {}
+        self._dirty = {}
+        self._deleted = {}
+        self._builders = {}
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    # -- hooks and helpers --------------------------------------------------
+
+    def _hydrate(self, step_id: str, key: str) -> Optional[Any]:
+        """Build the live object of a non-live key from storage, or None."""
+        if type(key) is not str:
+            raise self._bad_key(step_id, key)
+        if step_id not in self._maybe_stored or key in self._deleted[step_id]:
+            return None
+        state = self._load(step_id, key)
+        if state is _MISSING:
+            return None
+        obj = self._builders[step_id](state)
+        self._live[step_id][key] = obj
+        return obj
+
+    def _load(self, step_id: str, key: str) -> Any:
+        """Return the stored snapshot of a key, or _MISSING."""
+        return _MISSING
+
+    def _stored_keys(self, step_id: str) -> Iterator[str]:
+        return iter(())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StateStoreError(f"{type(self).__name__} is closed")
+
+    def _unknown_step(self, step_id: str) -> Exception:
+        if self._closed:
+            return StateStoreError(f"{type(self).__name__} is closed")
+        return StateStoreError(
+            f"step {step_id!r} has no registered builder; call register({step_id!r}, builder) first"
+        )
+
+    @staticmethod
+    def _bad_key(step_id: str, key: Any) -> TypeError:
+        return TypeError(
+            f"state key of step {step_id!r} must be str, got {type(key).__name__} {key!r}; "
+            "key the stream with op.key_on first"
+        )
+
+
+class MemoryStateStore(_LiveState):
+    """State in memory only, with :class:`StateStore`'s methods.
+
+    Used when recovery is off: nothing is persisted, and :meth:`snapshot`
+    only checks that the touched objects can be snapshotted and pickled.
+    """
+
+    def snapshot(self, epoch: int) -> int:
+        """Forget which keys were touched; persist nothing and return 0."""
+        self._check_open()
+        self._clear_dirty()
+        return 0
+
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class StateStore(_LiveState):
+    """A worker's state store over the Go core's local store.
+
+    Open it with :meth:`open`. Rows live in a SQLite file under
+    ``local_state_dir/<flow_id>/worker-NNNN/``; only one process may have it
+    open (a second gets :class:`~millpond.errors.StoreLockedError` naming the
+    holder's pid), and a store written by another flow or key-group count is
+    refused with :class:`~millpond.errors.ForeignStoreError`.
+    """
+
+    def __init__(self, handle: int, flow_id: str, worker_index: int, worker_count: int,
+                 key_group_count: int, resume_epoch: Optional[int], path: Path) -> None:
+        super().__init__()
+        self._handle: Optional[int] = handle
+        self.flow_id = flow_id
+        self.worker_index = worker_index
+        self.worker_count = worker_count
+        self.key_group_count = key_group_count
+        self.resume_epoch = resume_epoch
+        self.path = path
+        self._stored_steps: set[str] = set(self._call(core().store_steps))
+        #: Seconds spent in the last snapshot: pickling (Python) and writing (Go).
+        self.last_snapshot_timing: dict[str, float] = {"python": 0.0, "go": 0.0}
+
+    @classmethod
+    def open(
+        cls,
+        local_state_dir: PathLike,
+        flow_id: str,
+        worker_index: int = 0,
+        worker_count: int = 1,
+        resume_epoch: Optional[int] = None,
+        *,
+        key_group_count: int = DEFAULT_KEY_GROUP_COUNT,
+        execution: int = 0,
+    ) -> "StateStore":
+        """Open (or create) the store of worker ``worker_index`` of a flow.
+
+        With ``resume_epoch`` E, each key shows its newest row with epoch < E;
+        rows at or after E belong to an epoch that never committed and are
+        rolled back. ``None`` keeps every row. Raises ``ValueError`` for a bad
+        flow id or worker layout and :class:`~millpond.errors.StateStoreError`
+        for a missing directory.
+        """
+        if not isinstance(flow_id, str) or not flow_id or any(c in flow_id for c in "./\\\0"):
+            raise ValueError(f"flow id {flow_id!r} must be a non-empty str without '.', '/' or '\\'")
+        if key_group_count < 1:
+            raise ValueError(f"key_group_count must be at least 1, got {key_group_count}")
+        if not 0 < worker_count <= key_group_count:
+            raise ValueError(
+                f"worker_count must be between 1 and the key-group count {key_group_count}, got {worker_count}"
+            )
+        if not 0 <= worker_index < worker_count:
+            raise ValueError(f"worker_index {worker_index} is out of range for {worker_count} workers")
+        if resume_epoch is not None and resume_epoch < 1:
+            raise ValueError(f"resume_epoch must be at least 1 (epochs start at 1), got {resume_epoch}")
+        directory = Path(local_state_dir)
+        try:
+            handle = core().store_open(
+                str(directory), flow_id, worker_index, worker_count, key_group_count,
+                execution, resume_epoch or 0,
+            )
+        except core().CoreError as exc:
+            raise_core_error(exc)
+        path = directory / flow_id / f"worker-{worker_index:04d}" / "store.sqlite"
+        return cls(handle, flow_id, worker_index, worker_count, key_group_count, resume_epoch, path)
+
+    def register(self, step_id: str, builder: Builder) -> None:
+        super().register(step_id, builder)
+        if step_id in self._stored_steps:
+            self._maybe_stored.add(step_id)
+
+    def snapshot(self, epoch: int) -> int:
+        """Persist every touched key at ``epoch`` in one call; return the rows written.
+
+        ``.snapshot()`` is called on each touched object, the results are
+        pickled and written in one transaction together with deletions of
+        discarded keys. If any object cannot be snapshotted or pickled,
+        :class:`~millpond.errors.SnapshotError` names its step and key and
+        nothing of the batch is written.
+        """
+        handle = self._require_handle()
+        t0 = time.perf_counter()
+        rows = self._collect()
+        t1 = time.perf_counter()
+        try:
+            written = core().store_write(handle, epoch, rows)
+        except core().CoreError as exc:
+            raise_core_error(exc)
+        t2 = time.perf_counter()
+        self.last_snapshot_timing = {"python": t1 - t0, "go": t2 - t1}
+        for step_id, touched in self._dirty.items():
+            if touched:
+                self._stored_steps.add(step_id)
+                if step_id in self._builders:
+                    self._maybe_stored.add(step_id)
+        self._clear_dirty()
+        return int(written)
+
+    def hydrate_all(self, step_id: str, chunk_rows: int = 8192) -> int:
+        """Build live objects for every stored key of ``step_id``; return how many.
+
+        Rows stream from the Go core a page at a time while the next page is
+        read ahead, so memory stays bounded by what becomes live. Keys that
+        are already live keep their live object.
+        """
+        handle = self._require_handle()
+        if step_id not in self._builders:
+            raise self._unknown_step(step_id)
+        if step_id not in self._maybe_stored:
+            return 0
+        builder = self._builders[step_id]
+        live = self._live[step_id]
+        deleted = self._deleted[step_id]
+        loads = pickle.loads
+        count = 0
+        for page in self._pages(handle, step_id, chunk_rows):
+            for key, value in page:
+                if key in live or key in deleted:
+                    continue
+                live[key] = builder(loads(value))
+                count += 1
+        # Every stored key is live now; misses need no lookup.
+        self._maybe_stored.discard(step_id)
+        return count
+
+    def stats(self) -> dict[str, int]:
+        """Return the store's metadata and row counts (rows, deletions, bytes, epochs)."""
+        return dict(self._call(core().store_meta))
+
+    def gc(self, committed_epoch: int) -> int:
+        """Remove rows superseded at or before ``committed_epoch``; return how many."""
+        return int(self._call(core().store_gc, committed_epoch))
+
+    def close(self) -> None:
+        """Close the store and release its lock. Unsnapshotted changes are lost."""
+        handle, self._handle = self._handle, None
+        super().close()
+        if handle is not None:
+            try:
+                core().store_close(handle)
+            except core().CoreError as exc:
+                raise_core_error(exc)
+
+    def __del__(self) -> None:  # a forgotten store must not keep its lock
+        if getattr(self, "_handle", None) is not None:
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - nothing useful to do at teardown
+                pass
+
+    # -- internals ----------------------------------------------------------
+
+    def _require_handle(self) -> int:
+        if self._handle is None:
+            raise StateStoreError("StateStore is closed")
+        return self._handle
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(self._require_handle(), *args)
+        except core().CoreError as exc:
+            raise_core_error(exc)
+
+    def _load(self, step_id: str, key: str) -> Any:
+        found = self._call(core().store_get, step_id, key)
+        if found is None or found[1] is None:
+            return _MISSING
+        return pickle.loads(found[1])
+
+    def _stored_keys(self, step_id: str) -> Iterator[str]:
+        for page in self._pages(self._require_handle(), step_id, 8192):
+            for key, _ in page:
+                yield key
+
+    def _pages(self, handle: int, step_id: str, chunk_rows: int) -> Iterator[list[tuple[str, bytes]]]:
+        c = core()
+        try:
+            scan = c.scan_open(handle, step_id, chunk_rows)
+        except c.CoreError as exc:
+            raise_core_error(exc)
+        try:
+            while True:
+                try:
+                    page = c.scan_next(scan)
+                except c.CoreError as exc:
+                    raise_core_error(exc)
+                if page is None:
+                    return
+                yield page
+        finally:
+            c.scan_close(scan)
