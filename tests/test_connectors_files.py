@@ -1,0 +1,420 @@
+"""File sources and sinks: reading, resuming from byte offsets, truncating on resume."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import List
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from millpond.connectors.files import CSVSource, DirSink, DirSource, FileSink, FileSource
+
+
+def _drain(part) -> List:
+    out = []
+    while True:
+        try:
+            out.extend(part.next_batch())
+        except StopIteration:
+            return out
+
+
+def _only_part(src):
+    (name,) = src.list_parts()
+    return name
+
+
+# --- FileSource ----------------------------------------------------------------
+
+
+def test_file_source_reads_lines_without_endings(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"one\ntwo\r\n  three  \n\nlast")
+    src = FileSource(path)
+    part = src.build_part("in", _only_part(src), None)
+    assert _drain(part) == ["one", "two", "  three  ", "", "last"]
+    part.close()
+
+
+def test_file_source_batches_up_to_batch_size(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_text("".join(f"{i}\n" for i in range(5)))
+    src = FileSource(path, batch_size=2)
+    part = src.build_part("in", _only_part(src), None)
+    assert part.next_batch() == ["0", "1"]
+    assert part.next_batch() == ["2", "3"]
+    assert part.next_batch() == ["4"]
+    with pytest.raises(StopIteration):
+        part.next_batch()
+
+
+def test_file_source_snapshot_is_byte_offset_after_last_emitted_line(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_text("é\nb\n", encoding="utf-8")
+    src = FileSource(path, batch_size=1)
+    part = src.build_part("in", _only_part(src), None)
+    assert part.snapshot() == 0
+    part.next_batch()
+    assert part.snapshot() == len("é\n".encode("utf-8"))
+
+
+def test_file_source_resumes_after_the_snapshot(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_text("a\nb\nc\n")
+    src = FileSource(path, batch_size=1)
+    part = src.build_part("in", _only_part(src), None)
+    part.next_batch()
+    snap = part.snapshot()
+    part.next_batch()  # read but never committed
+    part.close()
+    resumed = src.build_part("in", _only_part(src), snap)
+    assert _drain(resumed) == ["b", "c"]
+
+
+def test_file_source_partition_name_is_stable_and_includes_fs_id(tmp_path):
+    path = tmp_path / "in.txt"
+    assert FileSource(path).list_parts() == [f"local::{path}"]
+    assert FileSource(path, get_fs_id=lambda p: "host1").list_parts() == [f"host1::{path}"]
+
+
+def test_file_source_rejects_fs_id_with_separator(tmp_path):
+    with pytest.raises(ValueError, match="::"):
+        FileSource(tmp_path / "x", get_fs_id=lambda p: "a::b").list_parts()
+
+
+def test_file_source_rejects_resume_past_end_of_file(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_text("a\n")
+    with pytest.raises(ValueError, match="truncated or replaced"):
+        FileSource(path).build_part("in", "local::x", 100)
+
+
+def test_file_source_names_the_file_on_bad_utf8(tmp_path):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"ok\n\xff\xfe\n")
+    part = FileSource(path).build_part("in", "local::x", None)
+    with pytest.raises(ValueError, match="in.txt.*byte 3"):
+        part.next_batch()
+
+
+def test_file_source_missing_file_fails_when_built_not_when_defined(tmp_path):
+    src = FileSource(tmp_path / "missing.txt")
+    with pytest.raises(FileNotFoundError):
+        src.build_part("in", _only_part(src), None)
+
+
+def test_file_source_rejects_bad_batch_size(tmp_path):
+    with pytest.raises(ValueError, match="batch_size"):
+        FileSource(tmp_path / "x", batch_size=0)
+
+
+_line = st.text(alphabet=st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lines=st.lists(_line, max_size=20), batch_size=st.integers(1, 4), data=st.data())
+def test_file_source_resume_at_any_snapshot_yields_the_rest_exactly(lines, batch_size, data):
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "in.txt"
+        path.write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+        src = FileSource(path, batch_size=batch_size)
+        name = _only_part(src)
+        part = src.build_part("in", name, None)
+        emitted: List[str] = []
+        stops = data.draw(st.integers(0, len(lines) // batch_size + 1))
+        for _ in range(stops):
+            try:
+                emitted.extend(part.next_batch())
+            except StopIteration:
+                break
+        snap = part.snapshot()
+        part.close()
+        rest = _drain(src.build_part("in", name, snap))
+        assert emitted + rest == lines
+
+
+# --- DirSource -----------------------------------------------------------------
+
+
+def test_dir_source_has_one_sorted_partition_per_matching_file(tmp_path):
+    (tmp_path / "b.txt").write_text("b1\n")
+    (tmp_path / "a.txt").write_text("a1\na2\n")
+    (tmp_path / "skip.log").write_text("x\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.txt").write_text("c1\n")
+    src = DirSource(tmp_path, "*.txt")
+    assert src.list_parts() == ["local::a.txt", "local::b.txt"]
+    assert DirSource(tmp_path, "**/*.txt").list_parts() == ["local::a.txt", "local::b.txt", "local::sub/c.txt"]
+    parts = {name: _drain(src.build_part("in", name, None)) for name in src.list_parts()}
+    assert parts == {"local::a.txt": ["a1", "a2"], "local::b.txt": ["b1"]}
+
+
+def test_dir_source_resumes_each_file_at_its_own_offset(tmp_path):
+    (tmp_path / "a.txt").write_text("a1\na2\n")
+    src = DirSource(tmp_path, batch_size=1)
+    part = src.build_part("in", "local::a.txt", None)
+    part.next_batch()
+    assert _drain(src.build_part("in", "local::a.txt", part.snapshot())) == ["a2"]
+
+
+def test_dir_source_fails_clearly_when_dir_is_missing(tmp_path):
+    with pytest.raises(NotADirectoryError, match="not a directory"):
+        DirSource(tmp_path / "nope").list_parts()
+
+
+# --- CSVSource -----------------------------------------------------------------
+
+
+def test_csv_source_yields_a_dict_per_row(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text('name,qty\nbolt,3\n"nut, hex",5\n\nshort\n', encoding="utf-8")
+    src = CSVSource(path)
+    rows = _drain(src.build_part("in", _only_part(src), None))
+    assert rows == [
+        {"name": "bolt", "qty": "3"},
+        {"name": "nut, hex", "qty": "5"},
+        {"name": "short", "qty": None},
+    ]
+
+
+def test_csv_source_passes_format_parameters(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text("a;b\n1;2\n")
+    src = CSVSource(path, delimiter=";")
+    assert _drain(src.build_part("in", _only_part(src), None)) == [{"a": "1", "b": "2"}]
+
+
+def test_csv_source_rejects_unknown_format_parameter_at_definition(tmp_path):
+    with pytest.raises(TypeError):
+        CSVSource(tmp_path / "x.csv", delimeter=";")
+
+
+def test_csv_source_strips_byte_order_mark_from_header(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_bytes("\ufeffa,b\n1,2\n".encode("utf-8"))
+    src = CSVSource(path)
+    assert _drain(src.build_part("in", _only_part(src), None)) == [{"a": "1", "b": "2"}]
+
+
+def test_csv_source_empty_file_has_no_rows(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text("")
+    src = CSVSource(path)
+    assert _drain(src.build_part("in", _only_part(src), None)) == []
+
+
+def test_csv_source_resume_rereads_header_and_continues_after_multiline_row(tmp_path):
+    path = tmp_path / "in.csv"
+    path.write_text('k,v\n1,"multi\nline"\n2,x\n3,y\n')
+    src = CSVSource(path, batch_size=1)
+    name = _only_part(src)
+    part = src.build_part("in", name, None)
+    assert part.next_batch() == [{"k": "1", "v": "multi\nline"}]
+    snap = part.snapshot()
+    assert snap == len(b'k,v\n1,"multi\nline"\n')
+    assert _drain(src.build_part("in", name, snap)) == [{"k": "2", "v": "x"}, {"k": "3", "v": "y"}]
+
+
+_cell = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\x00"), max_size=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.tuples(_cell, _cell), max_size=12),
+    batch_size=st.integers(1, 3),
+    data=st.data(),
+)
+def test_csv_source_resume_at_any_snapshot_yields_the_rest_exactly(rows, batch_size, data):
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["a", "b"])
+    writer.writerows(rows)
+    # A row of two empty cells is written as a blank-looking line that
+    # DictReader reads as ['', ''] only if quoted; csv.writer writes `,`
+    # which reads back as two empty strings, so nothing is skipped.
+    expected = [{"a": a, "b": b} for a, b in rows]
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "in.csv"
+        path.write_text(buf.getvalue(), encoding="utf-8")
+        src = CSVSource(path, batch_size=batch_size)
+        name = _only_part(src)
+        part = src.build_part("in", name, None)
+        emitted = []
+        for _ in range(data.draw(st.integers(0, len(rows) + 1))):
+            try:
+                emitted.extend(part.next_batch())
+            except StopIteration:
+                break
+        snap = part.snapshot()
+        part.close()
+        assert emitted + _drain(src.build_part("in", name, snap)) == expected
+
+
+# --- FileSink --------------------------------------------------------------------
+
+
+def test_file_sink_writes_values_with_end(tmp_path):
+    path = tmp_path / "out" / "o.txt"
+    sink = FileSink(path, end=";")
+    (name,) = sink.list_parts()
+    part = sink.build_part("out", name, None)
+    part.write_batch(["a", "b"])
+    part.write_batch([])
+    part.write_batch(["ç"])
+    part.close()
+    assert path.read_text(encoding="utf-8") == "a;b;ç;"
+
+
+def test_file_sink_routes_every_key_to_its_one_partition(tmp_path):
+    sink = FileSink(tmp_path / "o.txt")
+    assert {sink.part_fn(k) for k in ["a", "b", "zzz"]} == {0}
+
+
+def test_file_sink_fresh_start_truncates_existing_file(tmp_path):
+    path = tmp_path / "o.txt"
+    path.write_text("old output\n")
+    part = FileSink(path).build_part("out", str(path), None)
+    part.write_batch(["new"])
+    part.close()
+    assert path.read_text() == "new\n"
+
+
+def test_file_sink_snapshot_is_bytes_written(tmp_path):
+    path = tmp_path / "o.txt"
+    part = FileSink(path).build_part("out", str(path), None)
+    part.write_batch(["é"])
+    assert part.snapshot() == len("é\n".encode("utf-8"))
+    # The snapshot promises the bytes are on disk, visible to a new reader.
+    assert path.read_bytes() == "é\n".encode("utf-8")
+
+
+def test_file_sink_truncates_to_snapshot_on_resume(tmp_path):
+    path = tmp_path / "o.txt"
+    sink = FileSink(path)
+    part = sink.build_part("out", str(path), None)
+    part.write_batch(["1", "2"])
+    snap = part.snapshot()
+    part.write_batch(["3-uncommitted"])
+    part.close()
+    resumed = sink.build_part("out", str(path), snap)
+    resumed.write_batch(["3"])
+    resumed.close()
+    assert path.read_text() == "1\n2\n3\n"
+
+
+def test_file_sink_refuses_to_resume_past_end_of_file(tmp_path):
+    path = tmp_path / "o.txt"
+    path.write_text("ab")
+    with pytest.raises(ValueError, match="truncated or replaced"):
+        FileSink(path).build_part("out", str(path), 10)
+
+
+def test_file_sink_rejects_non_str_values_naming_the_file(tmp_path):
+    path = tmp_path / "o.txt"
+    part = FileSink(path).build_part("out", str(path), None)
+    with pytest.raises(TypeError, match=r"o\.txt.*str.*int"):
+        part.write_batch(["ok", 3])
+
+
+def test_file_sink_close_is_idempotent(tmp_path):
+    part = FileSink(tmp_path / "o.txt").build_part("out", "x", None)
+    part.close()
+    part.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batches=st.lists(st.lists(st.text(max_size=5), max_size=4), max_size=8),
+    data=st.data(),
+)
+def test_file_sink_crash_and_resume_equals_uninterrupted_output(batches, data):
+    """Whatever was written after the last snapshot is replaced by the replay."""
+    expected = "".join(v + "\n" for b in batches for v in b)
+    commit_at = data.draw(st.integers(0, len(batches)))
+    crash_at = data.draw(st.integers(commit_at, len(batches)))
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "o.txt"
+        sink = FileSink(path)
+        part = sink.build_part("out", str(path), None)
+        snap = part.snapshot()
+        for i, b in enumerate(batches[:crash_at]):
+            part.write_batch(b)
+            if i + 1 == commit_at:
+                snap = part.snapshot()
+        part.close()
+        resumed = sink.build_part("out", str(path), snap)
+        for b in batches[commit_at:]:
+            resumed.write_batch(b)
+        resumed.close()
+        assert path.read_bytes().decode("utf-8") == expected
+
+
+# --- DirSink ---------------------------------------------------------------------
+
+
+def test_dir_sink_lists_one_partition_per_file(tmp_path):
+    sink = DirSink(tmp_path, 3)
+    assert sink.list_parts() == ["part_0", "part_1", "part_2"]
+    named = DirSink(tmp_path, 2, file_namer=lambda i, n: f"{i}-of-{n}.txt")
+    assert named.list_parts() == ["0-of-2.txt", "1-of-2.txt"]
+
+
+def test_dir_sink_assigns_files_by_key(tmp_path):
+    sink = DirSink(tmp_path, 4, assign_file=lambda k: int(k))
+    assert [sink.part_fn(k) for k in ["0", "1", "5", "7"]] == [0, 1, 1, 3]
+    default = DirSink(tmp_path, 4)
+    assert all(0 <= default.part_fn(k) < 4 for k in ["a", "b", "c", "ü"])
+    assert default.part_fn("a") == default.part_fn("a")
+
+
+def test_dir_sink_partitions_write_and_resume_like_file_sink(tmp_path):
+    out = tmp_path / "out"
+    sink = DirSink(out, 2)
+    part = sink.build_part("out", "part_1", None)
+    part.write_batch(["x"])
+    snap = part.snapshot()
+    part.write_batch(["lost"])
+    part.close()
+    resumed = sink.build_part("out", "part_1", snap)
+    resumed.write_batch(["y"])
+    resumed.close()
+    assert (out / "part_1").read_text() == "x\ny\n"
+    assert not (out / "part_0").exists()
+
+
+@pytest.mark.parametrize("count", [0, -1])
+def test_dir_sink_rejects_non_positive_file_count(tmp_path, count):
+    with pytest.raises(ValueError, match="file_count"):
+        DirSink(tmp_path, count)
+
+
+def test_dir_sink_rejects_duplicate_file_names(tmp_path):
+    with pytest.raises(ValueError, match="file_namer"):
+        DirSink(tmp_path, 2, file_namer=lambda i, n: "same")
+
+
+def test_file_to_file_copy_with_crash_is_exactly_once(tmp_path):
+    """Source and sink snapshots taken together make a replay invisible."""
+    src_path = tmp_path / "in.txt"
+    lines = [f"line {i}" for i in range(10)]
+    src_path.write_text("".join(x + "\n" for x in lines))
+    out = tmp_path / "out.txt"
+    src, sink = FileSource(src_path, batch_size=3), FileSink(out)
+    sp, kp = src.build_part("in", _only_part(src), None), sink.build_part("out", str(out), None)
+    kp.write_batch(sp.next_batch())
+    committed = (sp.snapshot(), kp.snapshot())  # an epoch closes
+    kp.write_batch(sp.next_batch())  # then the process dies mid-epoch
+    sp.close()
+    kp.close()
+    sp = src.build_part("in", _only_part(src), committed[0])
+    kp = sink.build_part("out", str(out), committed[1])
+    kp.write_batch(_drain(sp))
+    kp.close()
+    assert out.read_text().splitlines() == lines
+    assert os.path.getsize(out) == src_path.stat().st_size
