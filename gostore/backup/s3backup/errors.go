@@ -38,6 +38,12 @@ func isNotFound(err error) bool {
 // unreachable endpoint, a missing bucket, refused credentials. The original
 // error stays wrapped.
 func (b *S3Backup) explain(err error) error {
+	// Only a failed network operation (dial, DNS, connection reset) means
+	// the endpoint is unreachable; context errors also satisfy net.Error.
+	var opErr *net.OpError
+	if errors.As(err, &opErr) {
+		return fmt.Errorf("cannot reach endpoint %s: %w", b.endpointName(), err)
+	}
 	var apiErr smithy.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode() {
@@ -58,11 +64,6 @@ func (b *S3Backup) explain(err error) error {
 			}
 		}
 		return err
-	}
-	var netErr net.Error
-	var opErr *net.OpError
-	if errors.As(err, &opErr) || errors.As(err, &netErr) {
-		return fmt.Errorf("cannot reach endpoint %s: %w", b.endpointName(), err)
 	}
 	return err
 }

@@ -97,6 +97,7 @@ type S3Backup struct {
 	prefix   string // without slashes at either end
 	endpoint string
 	attempts int
+	backoff  time.Duration
 	logger   *slog.Logger
 }
 
@@ -171,6 +172,8 @@ func New(ctx context.Context, opts Options) (*S3Backup, error) {
 		cfg.Region = DefaultRegion
 	}
 	client := s3.NewFromConfig(cfg, func(o *s3.Options) {
+		// S3-compatible servers often return no checksum; do not log that.
+		o.DisableLogOutputChecksumValidationSkipped = true
 		if opts.Endpoint != "" {
 			o.BaseEndpoint = aws.String(opts.Endpoint)
 			o.UsePathStyle = true
@@ -187,6 +190,7 @@ func New(ctx context.Context, opts Options) (*S3Backup, error) {
 		prefix:   prefix,
 		endpoint: opts.Endpoint,
 		attempts: opts.MaxAttempts,
+		backoff:  opts.MaxBackoff,
 		logger:   logger,
 	}, nil
 }
@@ -215,7 +219,7 @@ func (b *S3Backup) Check(ctx context.Context) error {
 	}, func(o *s3.Options) {
 		o.Retryer = retry.AddWithMaxBackoffDelay(
 			retry.AddWithMaxAttempts(o.Retryer, min(b.attempts, checkMaxAttempts)),
-			checkMaxBackoff)
+			min(b.backoff, checkMaxBackoff))
 	})
 	if err != nil {
 		return fmt.Errorf("check %s: %w", b, b.explain(err))
