@@ -1,0 +1,240 @@
+// Package faultbackup wraps a [backup.Backup] to inject failures in tests:
+// fail the Nth call, every Nth call, or every call from the Nth on, of some
+// operations, optionally only for keys under a prefix, optionally after the
+// call has actually been made ("the upload succeeded but the caller was told
+// it failed"). It counts calls per operation.
+//
+//	fb := faultbackup.New(dir)
+//	fb.AddRule(faultbackup.Nth(faultbackup.OpUpload, 3, nil)) // 3rd upload fails
+//	fb.AddRule(faultbackup.FromNth(faultbackup.OpDelete, 1, errDisk).WithKeyPrefix("gc/"))
+package faultbackup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/millpond/millpond/gostore/backup"
+)
+
+// ErrInjected is the error returned by a rule whose Err is nil.
+var ErrInjected = errors.New("injected fault")
+
+// Op is a set of backup operations.
+type Op uint8
+
+// The operations of [backup.Backup]; combine them with |.
+const (
+	OpList Op = 1 << iota
+	OpUpload
+	OpDownload
+	OpDelete
+
+	OpAll = OpList | OpUpload | OpDownload | OpDelete
+)
+
+// String names the operations in the set, e.g. "upload|delete".
+func (o Op) String() string {
+	var names []string
+	for _, n := range []struct {
+		op   Op
+		name string
+	}{{OpList, "list"}, {OpUpload, "upload"}, {OpDownload, "download"}, {OpDelete, "delete"}} {
+		if o&n.op != 0 {
+			names = append(names, n.name)
+		}
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, "|")
+}
+
+// Rule decides which calls fail. A rule counts the calls it matches (calls
+// of one of its operations whose key, or listing prefix, starts with
+// KeyPrefix), numbering them from 1; call number n fails when n >= Start,
+// (n - Start) is a multiple of Every, and the rule has failed fewer than
+// Times calls so far.
+//
+// Build rules with [Nth], [EveryNth] and [FromNth], and refine them with the
+// With methods.
+type Rule struct {
+	// Op is the set of operations the rule applies to.
+	Op Op
+	// KeyPrefix restricts the rule to keys (or list prefixes) starting with
+	// it. Empty matches every call.
+	KeyPrefix string
+	// Start is the number of the first failing call (1-based).
+	Start int
+	// Every is the period of failures from Start on; 0 means only Start.
+	Every int
+	// Times caps the number of failures; 0 means no cap.
+	Times int
+	// Err is returned by a failing call, wrapped with the operation and key;
+	// nil means ErrInjected.
+	Err error
+	// CallThrough makes the wrapped backend perform the call before the
+	// failure is reported, so its effect is kept (an upload that succeeded
+	// but whose acknowledgement was lost).
+	CallThrough bool
+}
+
+// Nth fails only the nth matching call of op.
+func Nth(op Op, n int, err error) Rule { return Rule{Op: op, Start: n, Times: 1, Err: err} }
+
+// EveryNth fails matching calls n, 2n, 3n... of op.
+func EveryNth(op Op, n int, err error) Rule { return Rule{Op: op, Start: n, Every: n, Err: err} }
+
+// FromNth fails every matching call of op from the nth on.
+func FromNth(op Op, n int, err error) Rule { return Rule{Op: op, Start: n, Every: 1, Err: err} }
+
+// WithKeyPrefix returns r restricted to keys starting with prefix.
+func (r Rule) WithKeyPrefix(prefix string) Rule { r.KeyPrefix = prefix; return r }
+
+// WithTimes returns r failing at most n calls.
+func (r Rule) WithTimes(n int) Rule { r.Times = n; return r }
+
+// WithCallThrough returns r performing the call before reporting failure.
+func (r Rule) WithCallThrough() Rule { r.CallThrough = true; return r }
+
+// ruleState is a rule with its counters.
+type ruleState struct {
+	Rule
+	seen, fired int
+}
+
+// FaultBackup wraps a [backup.Backup] and fails calls according to its
+// rules. It is safe for concurrent use; rules can change while calls run.
+type FaultBackup struct {
+	inner backup.Backup
+
+	mu       sync.Mutex
+	rules    []*ruleState
+	calls    map[Op]int
+	failures map[Op]int
+}
+
+var _ backup.Backup = (*FaultBackup)(nil)
+
+// New wraps inner with no rules: every call passes through.
+func New(inner backup.Backup, rules ...Rule) *FaultBackup {
+	fb := &FaultBackup{inner: inner, calls: map[Op]int{}, failures: map[Op]int{}}
+	for _, r := range rules {
+		fb.AddRule(r)
+	}
+	return fb
+}
+
+// Inner returns the wrapped backend.
+func (fb *FaultBackup) Inner() backup.Backup { return fb.inner }
+
+// AddRule adds a rule; its call count starts at zero now.
+func (fb *FaultBackup) AddRule(r Rule) {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	fb.rules = append(fb.rules, &ruleState{Rule: r})
+}
+
+// ClearRules removes every rule; counters of calls are kept.
+func (fb *FaultBackup) ClearRules() {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	fb.rules = nil
+}
+
+// Calls returns the number of calls made so far of the operations in op,
+// failed or not.
+func (fb *FaultBackup) Calls(op Op) int { return fb.sum(fb.calls, op) }
+
+// Failures returns the number of injected failures so far of the
+// operations in op.
+func (fb *FaultBackup) Failures(op Op) int { return fb.sum(fb.failures, op) }
+
+func (fb *FaultBackup) sum(m map[Op]int, op Op) int {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	n := 0
+	for o, c := range m {
+		if o&op != 0 {
+			n += c
+		}
+	}
+	return n
+}
+
+// decide counts a call and returns the rule that fails it, if any. Every
+// matching rule counts the call; the first one that fires wins.
+func (fb *FaultBackup) decide(op Op, key string) *Rule {
+	fb.mu.Lock()
+	defer fb.mu.Unlock()
+	fb.calls[op]++
+	var hit *Rule
+	for _, r := range fb.rules {
+		if r.Op&op == 0 || !strings.HasPrefix(key, r.KeyPrefix) {
+			continue
+		}
+		r.seen++
+		if hit != nil || r.Start <= 0 || r.seen < r.Start || (r.Times > 0 && r.fired >= r.Times) {
+			continue
+		}
+		if d := r.seen - r.Start; d != 0 && (r.Every <= 0 || d%r.Every != 0) {
+			continue
+		}
+		r.fired++
+		fb.failures[op]++
+		rule := r.Rule
+		hit = &rule
+	}
+	return hit
+}
+
+// do runs call unless a rule fails it first.
+func (fb *FaultBackup) do(op Op, key string, call func() error) error {
+	r := fb.decide(op, key)
+	if r == nil {
+		return call()
+	}
+	if r.CallThrough {
+		if err := call(); err != nil {
+			return err
+		}
+	}
+	err := r.Err
+	if err == nil {
+		err = ErrInjected
+	}
+	return fmt.Errorf("%s %s in %s: %w", op, key, fb, err)
+}
+
+// List lists through the wrapped backend unless a rule fails it.
+func (fb *FaultBackup) List(ctx context.Context, prefix string) ([]backup.ObjectInfo, error) {
+	var out []backup.ObjectInfo
+	err := fb.do(OpList, prefix, func() (err error) {
+		out, err = fb.inner.List(ctx, prefix)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Upload uploads through the wrapped backend unless a rule fails it.
+func (fb *FaultBackup) Upload(ctx context.Context, localPath, key string) error {
+	return fb.do(OpUpload, key, func() error { return fb.inner.Upload(ctx, localPath, key) })
+}
+
+// Download downloads through the wrapped backend unless a rule fails it.
+func (fb *FaultBackup) Download(ctx context.Context, key, localPath string) error {
+	return fb.do(OpDownload, key, func() error { return fb.inner.Download(ctx, key, localPath) })
+}
+
+// Delete deletes through the wrapped backend unless a rule fails it.
+func (fb *FaultBackup) Delete(ctx context.Context, key string) error {
+	return fb.do(OpDelete, key, func() error { return fb.inner.Delete(ctx, key) })
+}
+
+// String describes the wrapped backend, marked as fault-injecting.
+func (fb *FaultBackup) String() string { return "faulty " + fb.inner.String() }
