@@ -1,0 +1,551 @@
+"""``python -m millpond.run`` and ``cli_main``: flags, env vars, import strings, errors.
+
+The first part checks parsing and wiring in-process, with stand-ins for the
+engine's ``cluster_main`` and the recovery config, so it pins exactly what
+the CLI passes on. The subprocess tests at the end run real flows and need
+the engine (``millpond.testing``, ``millpond.operators``) and, for ``-d``,
+the Go extension.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from datetime import timedelta
+from enum import Enum
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+import millpond
+from millpond import run
+from millpond.dataflow import Dataflow
+from millpond.errors import DataflowError
+
+PYSRC = str(Path(millpond.__file__).resolve().parent.parent)
+
+
+# --- stand-ins for the engine and the recovery module --------------------------
+
+
+class _Calls:
+    def __init__(self) -> None:
+        self.cluster: List[Dict[str, Any]] = []
+        self.raise_exc: BaseException | None = None
+
+
+@pytest.fixture
+def engine(monkeypatch):
+    calls = _Calls()
+
+    def cluster_main(flow, addresses, proc_id, *, epoch_interval=None, recovery_config=None, worker_count_per_proc=1):
+        calls.cluster.append(
+            dict(
+                flow=flow,
+                addresses=addresses,
+                proc_id=proc_id,
+                epoch_interval=epoch_interval,
+                recovery_config=recovery_config,
+                worker_count_per_proc=worker_count_per_proc,
+            )
+        )
+        if calls.raise_exc is not None:
+            raise calls.raise_exc
+
+    testing = types.ModuleType("millpond.testing")
+    testing.cluster_main = cluster_main
+
+    class SnapshotMode(Enum):
+        BATCH = "batch"
+        IMMEDIATE = "immediate"
+
+    class RecoveryConfig:
+        def __init__(self, local_state_dir, backup=None, snapshot_mode=SnapshotMode.BATCH):
+            self.local_state_dir = local_state_dir
+            self.backup = backup
+            self.snapshot_mode = snapshot_mode
+
+    recovery = types.ModuleType("millpond.recovery")
+    recovery.RecoveryConfig = RecoveryConfig
+    recovery.SnapshotMode = SnapshotMode
+    monkeypatch.setitem(sys.modules, "millpond.testing", testing)
+    monkeypatch.setitem(sys.modules, "millpond.recovery", recovery)
+    for var in [v for _d, v, _c in run._ENV]:
+        monkeypatch.delenv(var, raising=False)
+    return calls
+
+
+_counter = iter(range(10**6))
+
+
+@pytest.fixture
+def flows_pkg(tmp_path, monkeypatch):
+    """A uniquely named package holding a flow module, on sys.path."""
+    name = f"cliflows{next(_counter)}"
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "wc.py").write_text(
+        textwrap.dedent(
+            """
+            from millpond.dataflow import Dataflow
+
+            flow = Dataflow("default_flow")
+            other = Dataflow("other_flow")
+            not_a_flow = 42
+
+            class Holder:
+                inner = Dataflow("inner_flow")
+
+            def get_flow(path, n=1, *, tags=()):
+                if n < 0:
+                    raise ValueError("n must be >= 0")
+                f = Dataflow("made")
+                f.args = (path, n, tags)
+                return f
+
+            def returns_int():
+                return 3
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return name
+
+
+# --- import strings -------------------------------------------------------------
+
+
+def test_import_str_module_defaults_to_attr_flow(flows_pkg):
+    assert run.locate_dataflow(f"{flows_pkg}.wc").flow_id == "default_flow"
+
+
+def test_import_str_names_an_attribute(flows_pkg):
+    assert run.locate_dataflow(f"{flows_pkg}.wc:other").flow_id == "other_flow"
+
+
+def test_import_str_dotted_attribute(flows_pkg):
+    assert run.locate_dataflow(f"{flows_pkg}.wc:Holder.inner").flow_id == "inner_flow"
+
+
+def test_import_str_path_to_py_file_inside_a_package(flows_pkg, tmp_path):
+    assert run.locate_dataflow(f"{flows_pkg}/wc.py:other").flow_id == "other_flow"
+
+
+def test_import_str_path_to_standalone_py_file(tmp_path):
+    d = tmp_path / "loose"
+    d.mkdir()
+    (d / f"standalone{next(_counter)}.py").write_text(
+        "from millpond.dataflow import Dataflow\nflow = Dataflow('loose')\n"
+    )
+    (path,) = d.glob("*.py")
+    assert run.locate_dataflow(str(path)).flow_id == "loose"
+
+
+def test_import_str_factory_call_with_literal_args(flows_pkg):
+    flow = run.locate_dataflow(f'{flows_pkg}.wc:get_flow("/tmp/in.txt", n=3, tags=("a", {{"k": [1, None]}}))')
+    assert flow.args == ("/tmp/in.txt", 3, ("a", {"k": [1, None]}))
+
+
+def test_import_str_factory_args_may_contain_colons(flows_pkg):
+    flow = run.locate_dataflow(f'{flows_pkg}.wc:get_flow("s3://bucket/a:b")')
+    assert flow.args[0] == "s3://bucket/a:b"
+
+
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("get_flow(open('x'))", "not a literal"),
+        ("get_flow(__import__('os').system('true'))", "not a literal"),
+        ("get_flow(*['a'])", r"\*args"),
+        ("get_flow(**{'path': 'a'})", r"\*\*kwargs"),
+        ("get_flow(", "must be a name or a call"),
+        ("1 + 2", "must be a name or a call"),
+    ],
+)
+def test_import_str_rejects_non_literal_or_malformed_targets(flows_pkg, target, message):
+    with pytest.raises(run.ImportStringError, match=message):
+        run.locate_dataflow(f"{flows_pkg}.wc:{target}")
+
+
+@pytest.mark.parametrize(
+    "suffix, message",
+    [
+        (":nope", "has no attribute 'nope'"),
+        (":not_a_flow", r"42 \(of type int\), not a millpond.dataflow.Dataflow"),
+        (":get_flow", r"is a function, not a Dataflow; to call a factory write '.*:get_flow\(\)'"),
+        (":returns_int()", r"3 \(of type int\)"),
+        (":get_flow('x', n=-1)", r"get_flow\(\.\.\.\) raised ValueError: n must be >= 0 \(at .*wc.py:\d+\)"),
+        (":get_flow()", r"raised TypeError"),
+        (":not_a_flow()", "not something to call"),
+    ],
+)
+def test_import_str_errors_say_what_is_wrong(flows_pkg, suffix, message):
+    with pytest.raises(run.ImportStringError, match=message):
+        run.locate_dataflow(f"{flows_pkg}.wc{suffix}")
+
+
+def test_import_str_missing_module(flows_pkg):
+    with pytest.raises(run.ImportStringError, match=f"no module named '{flows_pkg}.nope'"):
+        run.locate_dataflow(f"{flows_pkg}.nope")
+
+
+def test_import_str_module_that_fails_to_import_shows_its_error(flows_pkg, tmp_path):
+    (tmp_path / flows_pkg / "broken.py").write_text("import no_such_dependency_xyz\n")
+    with pytest.raises(run.ImportStringError, match="importing .*broken.* failed: ModuleNotFoundError.*no_such_dependency_xyz"):
+        run.locate_dataflow(f"{flows_pkg}.broken")
+
+
+def test_import_str_missing_file(tmp_path):
+    with pytest.raises(run.ImportStringError, match="no such file"):
+        run.locate_dataflow(str(tmp_path / "nope.py"))
+
+
+@pytest.mark.parametrize("text", ["a:1", "a:1;b:2", " a:1 ; [::1]:9 ;", "host.example:65535"])
+def test_parse_addresses_accepts_host_port_lists(text):
+    assert run.parse_addresses(text) == [a.strip() for a in text.split(";") if a.strip()]
+
+
+@pytest.mark.parametrize("text", ["", ";", "a", "a:", ":1", "a:0", "a:70000", "a:x"])
+def test_parse_addresses_rejects_bad_entries(text):
+    with pytest.raises(ValueError):
+        run.parse_addresses(text)
+
+
+# --- flags and env vars reach cluster_main -------------------------------------------
+
+
+def test_defaults_run_one_worker_in_one_process_without_recovery(engine, flows_pkg):
+    assert run.main([f"{flows_pkg}.wc"]) == 0
+    (call,) = engine.cluster
+    assert call["flow"].flow_id == "default_flow"
+    assert call["addresses"] == [] and call["proc_id"] == 0
+    assert call["worker_count_per_proc"] == 1
+    assert call["epoch_interval"] is None
+    assert call["recovery_config"] is None
+
+
+def test_flags_reach_cluster_main(engine, flows_pkg, tmp_path):
+    argv = ["-w", "3", "-i", "1", "-a", "h1:2101;h2:2101", "-s", "0.25", f"{flows_pkg}.wc"]
+    assert run.main(argv) == 0
+    (call,) = engine.cluster
+    assert call["worker_count_per_proc"] == 3
+    assert call["addresses"] == ["h1:2101", "h2:2101"] and call["proc_id"] == 1
+    assert call["epoch_interval"] == timedelta(seconds=0.25)
+
+
+def test_long_flags_and_zero_epoch_interval(engine, flows_pkg):
+    assert run.main(["--workers-per-process", "2", "--epoch-interval", "0", f"{flows_pkg}.wc"]) == 0
+    (call,) = engine.cluster
+    assert call["worker_count_per_proc"] == 2
+    assert call["epoch_interval"] == timedelta(0)
+
+
+def test_env_vars_set_options(engine, flows_pkg, monkeypatch, tmp_path):
+    monkeypatch.setenv("MILLPOND_WORKERS_PER_PROCESS", "4")
+    monkeypatch.setenv("MILLPOND_PROCESS_ID", "0")
+    monkeypatch.setenv("MILLPOND_ADDRESSES", "a:1;b:2")
+    monkeypatch.setenv("MILLPOND_EPOCH_INTERVAL", "1.5")
+    monkeypatch.setenv("MILLPOND_LOCAL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("MILLPOND_BACKUP", "s3://bucket/prefix")
+    monkeypatch.setenv("MILLPOND_SNAPSHOT_MODE", "IMMEDIATE")
+    assert run.main([f"{flows_pkg}.wc"]) == 0
+    (call,) = engine.cluster
+    assert call["worker_count_per_proc"] == 4
+    assert call["addresses"] == ["a:1", "b:2"] and call["proc_id"] == 0
+    assert call["epoch_interval"] == timedelta(seconds=1.5)
+    rc = call["recovery_config"]
+    assert rc.local_state_dir == tmp_path / "state"
+    assert rc.backup == "s3://bucket/prefix"
+    assert rc.snapshot_mode.name == "IMMEDIATE"
+
+
+def test_flags_override_env_vars(engine, flows_pkg, monkeypatch):
+    monkeypatch.setenv("MILLPOND_WORKERS_PER_PROCESS", "4")
+    assert run.main(["-w", "2", f"{flows_pkg}.wc"]) == 0
+    assert engine.cluster[0]["worker_count_per_proc"] == 2
+
+
+def test_local_state_dir_turns_recovery_on_with_defaults(engine, flows_pkg, tmp_path):
+    assert run.main(["-d", str(tmp_path / "st"), f"{flows_pkg}.wc"]) == 0
+    rc = engine.cluster[0]["recovery_config"]
+    assert rc.local_state_dir == tmp_path / "st"
+    assert rc.backup is None
+    assert rc.snapshot_mode.name == "BATCH"
+
+
+@pytest.mark.parametrize("uri", ["/backups/wc", "file:///backups/wc", "s3://b/p?region=eu-west-1", "./rel/dir"])
+def test_backup_uri_is_passed_on_as_a_string(engine, flows_pkg, tmp_path, uri):
+    assert run.main(["-d", str(tmp_path), "-b", uri, f"{flows_pkg}.wc"]) == 0
+    assert engine.cluster[0]["recovery_config"].backup == uri
+
+
+def test_backup_factory_is_called_with_literal_args(engine, flows_pkg, tmp_path):
+    (tmp_path / flows_pkg / "bk.py").write_text(
+        "class MyBackup:\n    def __init__(self, root, n=0):\n        self.root, self.n = root, n\n"
+        "def make(root, n=0):\n    return MyBackup(root, n)\n"
+    )
+    assert run.main(["-d", str(tmp_path), "-b", f"{flows_pkg}.bk:make('/x', n=2)", f"{flows_pkg}.wc"]) == 0
+    backup = engine.cluster[0]["recovery_config"].backup
+    assert (type(backup).__name__, backup.root, backup.n) == ("MyBackup", "/x", 2)
+
+
+def test_snapshot_mode_flag(engine, flows_pkg, tmp_path):
+    assert run.main(["-d", str(tmp_path), "--snapshot-mode", "immediate", f"{flows_pkg}.wc"]) == 0
+    assert engine.cluster[0]["recovery_config"].snapshot_mode.name == "IMMEDIATE"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-b", "/x"], "-b/--backup needs -d/--local-state-dir"),
+        (["--snapshot-mode", "batch"], "--snapshot-mode needs -d/--local-state-dir"),
+        (["-i", "0"], "go together"),
+        (["-a", "a:1"], "go together"),
+        (["-i", "2", "-a", "a:1;b:2"], "out of range for 2 addresses"),
+        (["-w", "0"], "workers-per-process: expected a positive integer"),
+        (["-w", "x"], "workers-per-process: expected a positive integer"),
+        (["-s", "-1"], "epoch-interval: expected a finite number of seconds"),
+        (["-s", "nan"], "epoch-interval"),
+        (["--snapshot-mode", "sometimes", "-d", "/tmp/x"], "expected 'batch' or 'immediate'"),
+        (["--log-level", "LOUD"], "expected one of"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_bad_options_give_one_line_and_exit_2(engine, flows_pkg, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        status = run.main([*argv, f"{flows_pkg}.wc"])
+        raise SystemExit(status)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert engine.cluster == []
+
+
+@pytest.mark.parametrize(
+    "var, value, message",
+    [
+        ("MILLPOND_WORKERS_PER_PROCESS", "many", "MILLPOND_WORKERS_PER_PROCESS='many'"),
+        ("MILLPOND_ADDRESSES", "nohost", "MILLPOND_ADDRESSES='nohost'"),
+        ("MILLPOND_EPOCH_INTERVAL", "soon", "MILLPOND_EPOCH_INTERVAL='soon'"),
+        ("MILLPOND_SNAPSHOT_MODE", "never", "MILLPOND_SNAPSHOT_MODE='never'"),
+    ],
+)
+def test_bad_env_var_is_named_in_the_error(engine, flows_pkg, capsys, monkeypatch, var, value, message):
+    monkeypatch.setenv(var, value)
+    assert run.main([f"{flows_pkg}.wc"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_dataflow_error_prints_error_and_cause_and_exits_1(engine, flows_pkg, capsys):
+    try:
+        try:
+            1 / 0
+        except ZeroDivisionError as inner:
+            raise DataflowError("step 'wc.div' on worker 0 raised") from inner
+    except DataflowError as outer:
+        engine.raise_exc = outer
+    assert run.main([f"{flows_pkg}.wc"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "python -m millpond.run: the dataflow failed: step 'wc.div' on worker 0 raised"
+    assert err[1].startswith("  caused by ZeroDivisionError: division by zero (at ")
+    assert len(err) == 2
+
+
+def test_keyboard_interrupt_exits_130_quietly(engine, flows_pkg, capsys):
+    engine.raise_exc = KeyboardInterrupt()
+    assert run.main([f"{flows_pkg}.wc"]) == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_build_time_value_error_is_one_line_exit_1(engine, flows_pkg, capsys):
+    engine.raise_exc = ValueError("flow 'x' has no output; add op.output(...)")
+    assert run.main([f"{flows_pkg}.wc"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no output" in err
+
+
+def test_cli_main_takes_seconds_or_timedelta(engine):
+    flow = Dataflow("f")
+    run.cli_main(flow, epoch_interval=2)
+    run.cli_main(flow, epoch_interval=timedelta(milliseconds=5), workers_per_process=2)
+    assert [c["epoch_interval"] for c in engine.cluster] == [timedelta(seconds=2), timedelta(milliseconds=5)]
+    assert engine.cluster[1]["worker_count_per_proc"] == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc",
+    [
+        (dict(workers_per_process=0), ValueError),
+        (dict(process_id=0), ValueError),
+        (dict(addresses=["a:1"], process_id=1), ValueError),
+        (dict(epoch_interval=-1), ValueError),
+        (dict(epoch_interval="1s"), TypeError),
+    ],
+)
+def test_cli_main_rejects_bad_arguments_before_running(engine, kwargs, exc):
+    with pytest.raises(exc):
+        run.cli_main(Dataflow("f"), **kwargs)
+    assert engine.cluster == []
+
+
+def test_cli_main_rejects_non_dataflow(engine):
+    with pytest.raises(TypeError, match="Dataflow"):
+        run.cli_main("flows.wc")
+
+
+# --- the real thing, in a subprocess ---------------------------------------------------
+
+
+def _run_cli(args, cwd, timeout=120, env_extra=None):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MILLPOND_")}
+    env["PYTHONPATH"] = PYSRC
+    env.update(env_extra or {})
+    return subprocess.run(
+        [sys.executable, "-m", "millpond.run", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_subprocess_help_works_without_the_engine(tmp_path):
+    out = _run_cli(["--help"], tmp_path)
+    assert out.returncode == 0
+    for flag in ["--workers-per-process", "--process-id", "--addresses", "--epoch-interval",
+                 "--local-state-dir", "--backup", "--snapshot-mode", "MILLPOND_BACKUP"]:
+        assert flag in out.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "the following arguments are required: IMPORT_STR"),
+        (["no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
+        (["flow_mod:missing"], "'flow_mod' has no attribute 'missing'"),
+        (["flow_mod:number"], "not a millpond.dataflow.Dataflow"),
+        (["flow_mod:make(-1)"], "make(...) raised ValueError: bad n"),
+        (["flow_mod.py:make(x)"], "is not a literal"),
+        (["nope.py"], "no such file: nope.py"),
+        (["-w", "zero", "flow_mod"], "expected a positive integer"),
+    ],
+)
+def test_subprocess_errors_are_one_line_without_traceback(tmp_path, args, message):
+    (tmp_path / "flow_mod.py").write_text(
+        "from millpond.dataflow import Dataflow\nnumber = 1\n"
+        "def make(n):\n    if n < 0:\n        raise ValueError('bad n')\n    return Dataflow('f')\n"
+    )
+    out = _run_cli(args, tmp_path)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert message in out.stderr
+
+
+# These run real flows and wait for the engine (millpond.operators,
+# millpond.testing) and, with -d, the Go extension.
+
+_COPY_FLOW = """
+import millpond.operators as op
+from millpond.dataflow import Dataflow
+from millpond.connectors.files import FileSource, FileSink
+from millpond.inputs import SimplePollingSource
+from datetime import timedelta
+
+
+def get_flow(src, dst, fail_on=None):
+    flow = Dataflow("copy")
+    lines = op.input("in", flow, FileSource(src, batch_size=2))
+
+    def check(line):
+        if line == fail_on:
+            raise ValueError(f"refusing {line!r}")
+        return line.upper()
+
+    upper = op.map("upper", lines, check)
+    op.output("out", op.key_on("all", upper, lambda _x: "all"), FileSink(dst))
+    return flow
+
+
+class Forever(SimplePollingSource):
+    def next_item(self):
+        return "tick"
+
+
+def forever():
+    flow = Dataflow("forever")
+    ticks = op.input("in", flow, Forever(timedelta(milliseconds=10)))
+    op.inspect("seen", ticks, lambda _s, _x: open("started", "w").close())
+    op.output("out", op.key_on("k", ticks, lambda _x: "k"), FileSink("ticks.txt"))
+    return flow
+"""
+
+
+@pytest.fixture
+def copy_flow(tmp_path):
+    (tmp_path / "copyflow.py").write_text(_COPY_FLOW)
+    (tmp_path / "in.txt").write_text("".join(f"line {i}\n" for i in range(7)))
+    return tmp_path
+
+
+def test_subprocess_runs_a_file_to_file_flow(copy_flow):
+    out = _run_cli(['copyflow:get_flow("in.txt", "out.txt")', "-s", "0"], copy_flow)
+    assert out.returncode == 0, out.stderr
+    assert (copy_flow / "out.txt").read_text() == "".join(f"LINE {i}\n" for i in range(7))
+
+
+def test_subprocess_runs_with_several_workers(copy_flow):
+    out = _run_cli(['copyflow.py:get_flow("in.txt", "out.txt")', "-w", "2"], copy_flow)
+    assert out.returncode == 0, out.stderr
+    assert sorted((copy_flow / "out.txt").read_text().splitlines()) == sorted(f"LINE {i}" for i in range(7))
+
+
+def test_subprocess_user_error_reports_step_and_cause_in_two_lines(copy_flow):
+    out = _run_cli(['copyflow:get_flow("in.txt", "out.txt", fail_on="line 3")'], copy_flow)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert lines[0].startswith("python -m millpond.run: the dataflow failed:")
+    assert "upper" in lines[0]
+    assert lines[1].startswith("  caused by ValueError: refusing 'line 3'")
+    assert "Traceback" not in out.stderr
+
+
+def test_subprocess_with_recovery_continues_after_eof_without_duplicating(copy_flow):
+    args = ['copyflow:get_flow("in.txt", "out.txt")', "-d", "state", "-s", "0"]
+    first = _run_cli(args, copy_flow)
+    assert first.returncode == 0, first.stderr
+    with open(copy_flow / "in.txt", "a") as f:
+        f.write("line 7\n")
+    second = _run_cli([*args, "--snapshot-mode", "immediate"], copy_flow)
+    assert second.returncode == 0, second.stderr
+    assert (copy_flow / "out.txt").read_text() == "".join(f"LINE {i}\n" for i in range(8))
+
+
+def test_subprocess_ctrl_c_exits_130_without_traceback(copy_flow):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MILLPOND_")}
+    env["PYTHONPATH"] = PYSRC
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "millpond.run", "copyflow:forever()"],
+        cwd=copy_flow, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (copy_flow / "started").exists():
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.communicate()[1]
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
