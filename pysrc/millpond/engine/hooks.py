@@ -1,0 +1,71 @@
+"""The recovery hooks the engine calls, and the no-recovery stand-in.
+
+With a recovery config the engine gets a run from
+``millpond.recovery.open_recovery_run``; without one it uses
+:class:`EphemeralRun`: fresh in-memory stores, epoch 1, nothing persisted.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Protocol
+
+__all__ = ["RecoveryRun", "EphemeralRun", "open_run"]
+
+
+class RecoveryRun(Protocol):
+    """One execution of a flow, as seen by the engine."""
+
+    resume_epoch: int
+    execution: int
+
+    def worker_store(self, worker_index: int) -> Any:
+        """The worker's state store, positioned at ``resume_epoch``."""
+
+    def activation_done(self, worker_index: int, epoch: int) -> None:
+        """After an activation of stateful work (immediate snapshot mode)."""
+
+    def close_epoch(self, worker_index: int, epoch: int) -> None:
+        """After the worker finished ``epoch`` and wrote its outputs."""
+
+    def finish(self, aborted: bool) -> None:
+        """At the end of the run: wait for commits, stop background work."""
+
+    def close(self) -> None:
+        """Release everything."""
+
+
+class EphemeralRun:
+    """A run without recovery: in-memory stores that are never snapshotted."""
+
+    resume_epoch = 1
+    execution = 0
+
+    def __init__(self, worker_count: int) -> None:
+        from millpond.state import MemoryStateStore
+
+        self._stores: List[Any] = [MemoryStateStore() for _ in range(worker_count)]
+
+    def worker_store(self, worker_index: int) -> Any:
+        return self._stores[worker_index]
+
+    def activation_done(self, worker_index: int, epoch: int) -> None:
+        pass
+
+    def close_epoch(self, worker_index: int, epoch: int) -> None:
+        pass
+
+    def finish(self, aborted: bool) -> None:
+        pass
+
+    def close(self) -> None:
+        for store in self._stores:
+            store.close()
+
+
+def open_run(recovery_config: Any, flow_id: str, worker_count: int) -> RecoveryRun:
+    """The run for this execution: recovering if a config is given."""
+    if recovery_config is None:
+        return EphemeralRun(worker_count)
+    from millpond.recovery import open_recovery_run
+
+    return open_recovery_run(recovery_config, flow_id, worker_count)

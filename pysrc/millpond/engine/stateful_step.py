@@ -1,0 +1,239 @@
+"""Runtime of ``stateful_batch``: one logic object per key, in the state store.
+
+Items are routed to the worker that owns their key
+(``millpond.keygroup.worker_for_key``) and buffered per key; an activation
+then calls, per key, ``on_batch`` with the queued values, ``on_notify`` if
+the key's time has come, and asks ``notify_at`` again. When every input the
+step reads from has ended, ``on_eof`` runs for every key of the worker in
+sorted key order. A ``DISCARD`` result drops the key from the store (its next
+snapshot is a deletion) and cancels its timer.
+"""
+
+from __future__ import annotations
+
+import heapq
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+from millpond.engine.steps import StepRuntime
+
+if TYPE_CHECKING:  # pragma: no cover
+    from millpond.engine.plan import PlanStep
+    from millpond.engine.worker import Worker
+
+__all__ = ["StatefulBatchRuntime", "keyed_type_error"]
+
+
+def keyed_type_error(step_id: str, item: Any) -> TypeError:
+    """The error for a non-``(str, value)`` item reaching a keyed step."""
+    if type(item) is tuple and len(item) == 2:
+        return TypeError(
+            f"step {step_id!r} requires keys to be str; got key of type "
+            f"{type(item[0]).__name__}: {item[0]!r:.80} in item {item!r:.80}; "
+            "use op.key_on or op.map to make a str key"
+        )
+    return TypeError(
+        f"step {step_id!r} requires a keyed stream of (str key, value) 2-tuples; "
+        f"got {type(item).__name__}: {item!r:.80}; use op.key_on to add a key"
+    )
+
+
+def _no_timers(logic: Any) -> bool:
+    # Logic classes that never set a timer need not be hydrated on resume
+    # just to ask notify_at.
+    from millpond.operators import StatefulBatchLogic
+
+    return type(logic).notify_at is StatefulBatchLogic.notify_at
+
+
+class StatefulBatchRuntime(StepRuntime):
+    """Per-worker runtime of one ``stateful_batch`` step."""
+
+    def __init__(self, worker: "Worker", step: "PlanStep") -> None:
+        super().__init__(worker, step)
+        self.store = worker.store
+        self.store.register(self.step_id, step.params["builder"])
+        self.pending: Dict[str, List[Any]] = {}
+        self.timers: Dict[str, datetime] = {}
+        self.heap: List[Tuple[datetime, str]] = []
+        self.ended = False
+        self._rearm_restored()
+
+    # -- routing --------------------------------------------------------
+
+    def deliver(self, port: int, items: list) -> None:
+        w = self.worker
+        if w.count == 1:
+            self.on_items(port, items)
+            return
+        owner = w.owner_of
+        me = w.index
+        by_worker: Dict[int, List[Any]] = {}
+        for item in items:
+            if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
+                ex = keyed_type_error(self.step_id, item)
+                raise self.fail(ex) from ex
+            by_worker.setdefault(owner(item[0]), []).append(item)
+        for target, routed in by_worker.items():
+            if target == me:
+                self.on_items(port, routed)
+            else:
+                w.send(target, self.index, port, routed)
+
+    def on_items(self, port: int, items: list) -> None:
+        pending = self.pending
+        for item in items:
+            if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
+                ex = keyed_type_error(self.step_id, item)
+                raise self.fail(ex) from ex
+            key = item[0]
+            queued = pending.get(key)
+            if queued is None:
+                pending[key] = [item[1]]
+            else:
+                queued.append(item[1])
+
+    # -- activation -----------------------------------------------------
+
+    def activate(self, now: datetime, fire_timers: bool) -> bool:
+        did = False
+        if self.pending:
+            pending, self.pending = self.pending, {}
+            for key, values in pending.items():
+                self._run_key(key, values, now)
+            did = True
+        if fire_timers and self.heap and self.heap[0][0] <= now:
+            # Pop everything due first, so a timer re-armed at or before
+            # `now` waits for the next activation instead of looping.
+            due = []
+            heap, timers = self.heap, self.timers
+            while heap and heap[0][0] <= now:
+                at, key = heapq.heappop(heap)
+                if timers.get(key) == at:
+                    due.append(key)
+            for key in due:
+                if key in timers:
+                    self._notify_key(key)
+            did = did or bool(due)
+        return did
+
+    def _emit(self, key: str, out: Any, what: str) -> None:
+        try:
+            items = [(key, o) for o in out]
+        except Exception as ex:
+            raise self.fail(ex, key=key, what=what) from ex
+        if items:
+            self.worker.emit(self.index, 0, items)
+
+    def _run_key(self, key: str, values: list, now: datetime) -> None:
+        try:
+            logic = self.store.get_or_build(self.step_id, key)
+        except Exception as ex:
+            raise self.fail(ex, key=key, what="builder") from ex
+        try:
+            out, discard = logic.on_batch(values)
+        except Exception as ex:
+            raise self.fail(ex, key=key, what="on_batch") from ex
+        self._emit(key, out, "on_batch")
+        if discard:
+            self._discard(key)
+            return
+        at = self.timers.get(key)
+        if at is not None and at <= now:
+            try:
+                out, discard = logic.on_notify()
+            except Exception as ex:
+                raise self.fail(ex, key=key, what="on_notify") from ex
+            self._emit(key, out, "on_notify")
+            if discard:
+                self._discard(key)
+                return
+        self._rearm(key, logic)
+        self.worker.touched()
+
+    def _notify_key(self, key: str) -> None:
+        try:
+            logic = self.store.get(self.step_id, key)
+        except Exception as ex:
+            raise self.fail(ex, key=key, what="builder") from ex
+        if logic is None:
+            self.timers.pop(key, None)
+            return
+        try:
+            out, discard = logic.on_notify()
+        except Exception as ex:
+            raise self.fail(ex, key=key, what="on_notify") from ex
+        self._emit(key, out, "on_notify")
+        if discard:
+            self._discard(key)
+        else:
+            self._rearm(key, logic)
+        self.worker.touched()
+
+    def _discard(self, key: str) -> None:
+        self.store.discard(self.step_id, key)
+        self.timers.pop(key, None)
+        self.worker.touched()
+
+    def _rearm(self, key: str, logic: Any) -> None:
+        try:
+            at = logic.notify_at()
+        except Exception as ex:
+            raise self.fail(ex, key=key, what="notify_at") from ex
+        if at is None:
+            self.timers.pop(key, None)
+            return
+        if not isinstance(at, datetime) or at.tzinfo is None:
+            ex2 = TypeError(
+                "notify_at must return None or a timezone-aware datetime "
+                f"(e.g. datetime.now(timezone.utc)); got {at!r:.80}"
+            )
+            raise self.fail(ex2, key=key, what="notify_at") from ex2
+        if self.timers.get(key) != at:
+            self.timers[key] = at
+            heapq.heappush(self.heap, (at, key))
+            if len(self.heap) > 64 + 2 * len(self.timers):
+                # Drop superseded entries so the heap tracks the live timers.
+                self.heap = [(t, k) for k, t in self.timers.items()]
+                heapq.heapify(self.heap)
+
+    def _rearm_restored(self) -> None:
+        # On resume, ask notify_at of every restored key so timers re-arm.
+        keys = sorted(self.store.keys(self.step_id))
+        for i, key in enumerate(keys):
+            try:
+                logic = self.store.get(self.step_id, key)
+            except Exception as ex:
+                raise self.fail(ex, key=key, what="builder") from ex
+            if logic is None:
+                continue
+            if i == 0 and _no_timers(logic):
+                return
+            self._rearm(key, logic)
+
+    def next_wake(self) -> Optional[datetime]:
+        return self.heap[0][0] if self.heap else None
+
+    # -- end of input -----------------------------------------------------
+
+    def on_upstream_eof(self, now: datetime) -> None:
+        self.activate(now, fire_timers=False)
+        store = self.store
+        for key in sorted(store.keys(self.step_id)):
+            try:
+                logic = store.get(self.step_id, key)
+            except Exception as ex:
+                raise self.fail(ex, key=key, what="builder") from ex
+            if logic is None:
+                continue
+            try:
+                out, discard = logic.on_eof()
+            except Exception as ex:
+                raise self.fail(ex, key=key, what="on_eof") from ex
+            self._emit(key, out, "on_eof")
+            if discard:
+                store.discard(self.step_id, key)
+        self.timers.clear()
+        self.heap.clear()
+        self.ended = True
+        self.worker.touched()

@@ -1,0 +1,172 @@
+"""One worker: the runtimes of every step of the plan, and how items move
+between them.
+
+Items move depth-first: a step's output is handed straight to the steps that
+read it (``emit``), except where a step needs items on another worker, where
+they go through the :class:`~millpond.engine.exchange.Exchange`. Stateful
+steps buffer what they receive and run in ``pump``, in topological order.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Callable, Dict, List, Optional
+
+from millpond.engine.clock import Clock
+from millpond.engine.exchange import Exchange, Message
+from millpond.engine.hooks import RecoveryRun
+from millpond.engine.io_steps import InputRuntime, OutputRuntime
+from millpond.engine.plan import Plan
+from millpond.engine.stateful_step import StatefulBatchRuntime
+from millpond.engine.steps import (
+    BranchRuntime,
+    FlatMapBatchRuntime,
+    InspectDebugRuntime,
+    MergeRuntime,
+    RedistributeRuntime,
+    StepRuntime,
+)
+from millpond.keygroup import worker_for_key
+
+__all__ = ["Worker"]
+
+_RUNTIMES: Dict[str, Callable[..., StepRuntime]] = {
+    "input": InputRuntime,
+    "output": OutputRuntime,
+    "flat_map_batch": FlatMapBatchRuntime,
+    "branch": BranchRuntime,
+    "merge": MergeRuntime,
+    "redistribute": RedistributeRuntime,
+    "inspect_debug": InspectDebugRuntime,
+    "stateful_batch": StatefulBatchRuntime,
+}
+
+
+class Worker:
+    """Executes the plan for worker ``index`` of ``count``."""
+
+    def __init__(
+        self,
+        index: int,
+        count: int,
+        plan: Plan,
+        run: RecoveryRun,
+        exchange: Exchange,
+        key_group_count: int,
+        clock: Clock,
+        epoch: int,
+    ) -> None:
+        self.index = index
+        self.count = count
+        self.plan = plan
+        self.run = run
+        self.exchange = exchange
+        self.key_group_count = key_group_count
+        self.clock = clock
+        self.epoch = epoch
+        self.store = run.worker_store(index)
+        self._touched = False
+        self._owner_cache: Dict[str, int] = {}
+        self.runtimes: List[StepRuntime] = []
+        for step in plan.steps:
+            self.runtimes.append(_RUNTIMES[step.kind](self, step))
+        # For each step and output port, the deliver functions of its readers.
+        self._targets: List[List[List[Callable[[int, list], None]]]] = []
+        self._ports: List[List[List[int]]] = []
+        for step in plan.steps:
+            self._targets.append([[self.runtimes[c].deliver for c, _ in d] for d in step.downs])
+            self._ports.append([[p for _, p in d] for d in step.downs])
+        self.inputs = [rt for rt in self.runtimes if isinstance(rt, InputRuntime)]
+        self.stateful = [rt for rt in self.runtimes if isinstance(rt, StatefulBatchRuntime)]
+
+    # -- routing --------------------------------------------------------
+
+    def owner_of(self, key: str) -> int:
+        """The worker that owns ``key`` (its state and its items)."""
+        if self.count == 1:
+            return 0
+        w = self._owner_cache.get(key)
+        if w is None:
+            w = worker_for_key(key, self.count, self.key_group_count)
+            if len(self._owner_cache) < 1_000_000:
+                self._owner_cache[key] = w
+        return w
+
+    def emit(self, step: int, port: int, items: list) -> None:
+        """Hand ``items`` produced on ``port`` of ``step`` to its readers."""
+        targets = self._targets[step][port]
+        ports = self._ports[step][port]
+        last = len(targets) - 1
+        for i, deliver in enumerate(targets):
+            # Each reader gets its own list: user mappers may mutate theirs.
+            deliver(ports[i], items if i == last else list(items))
+
+    def send(self, to_worker: int, step: int, port: int, items: list) -> None:
+        """Queue ``items`` for ``step``'s input ``port`` on another worker."""
+        self.exchange.send(to_worker, Message(step, port, self.epoch, items))
+
+    def touched(self) -> None:
+        """Note that stateful work happened in the current activation."""
+        self._touched = True
+
+    def _activation_done(self) -> None:
+        if self._touched:
+            self._touched = False
+            self.run.activation_done(self.index, self.epoch)
+
+    # -- scheduling -----------------------------------------------------
+
+    def poll_inputs(self, now: datetime) -> bool:
+        """One batch from every awake source partition; True if any item."""
+        emitted = False
+        for rt in self.inputs:
+            if rt.poll(now):
+                emitted = True
+        self._activation_done()
+        return emitted
+
+    def pump(self, now: datetime, fire_timers: bool) -> bool:
+        """Take delivered messages and run stateful steps; True if any work."""
+        did = False
+        for msg in self.exchange.receive(self.index):
+            self.runtimes[msg.step].on_items(msg.port, msg.items)
+            did = True
+        for rt in self.stateful:
+            if rt.activate(now, fire_timers):
+                did = True
+        self._activation_done()
+        return did
+
+    def inputs_done(self) -> frozenset:
+        """Indexes of input steps whose partitions on this worker all ended."""
+        return frozenset(rt.index for rt in self.inputs if rt.done)
+
+    def next_wake(self) -> Optional[datetime]:
+        """The earliest time a source partition or a timer wants to run."""
+        times = [t for t in (rt.next_wake() for rt in self.inputs) if t is not None]
+        times += [t for t in (rt.next_wake() for rt in self.stateful) if t is not None]
+        return min(times) if times else None
+
+    def upstream_eof(self, step: int, now: datetime) -> None:
+        """All inputs of ``step`` have ended everywhere."""
+        self.runtimes[step].on_upstream_eof(now)
+        self._activation_done()
+
+    def close_epoch(self, epoch: int) -> None:
+        """Record partition positions and hand the epoch to recovery."""
+        for rt in self.runtimes:
+            rt.before_snapshot()
+        self.run.close_epoch(self.index, epoch)
+
+    def close(self) -> None:
+        """Close every source and sink partition (first error wins)."""
+        first: Optional[BaseException] = None
+        for rt in self.runtimes:
+            try:
+                rt.close()
+            except Exception as ex:  # keep closing the others
+                first = first or ex
+        if first is not None:
+            raise first
+
+
