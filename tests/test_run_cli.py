@@ -182,7 +182,7 @@ def test_import_str_rejects_non_literal_or_malformed_targets(flows_pkg, target, 
         (":not_a_flow", r"42 \(of type int\), not a millpond.dataflow.Dataflow"),
         (":get_flow", r"is a function, not a Dataflow; to call a factory write '.*:get_flow\(\)'"),
         (":returns_int()", r"3 \(of type int\)"),
-        (":get_flow('x', n=-1)", r"get_flow\(\.\.\.\) raised ValueError: n must be >= 0 \(at .*wc.py:\d+\)"),
+        (":get_flow('x', n=-1)", r"get_flow\(\.\.\.\) raised ValueError: n must be >= 0 \(at .*wc.py:\d+ in get_flow\)"),
         (":get_flow()", r"raised TypeError"),
         (":not_a_flow()", "not something to call"),
     ],
@@ -357,7 +357,22 @@ def test_dataflow_error_prints_error_and_cause_and_exits_1(engine, flows_pkg, ca
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "python -m millpond.run: the dataflow failed: step 'wc.div' on worker 0 raised"
     assert err[1].startswith("  caused by ZeroDivisionError: division by zero (at ")
+    assert err[1].endswith(" in test_dataflow_error_prints_error_and_cause_and_exits_1)")
     assert len(err) == 2
+
+
+def test_dataflow_error_that_quotes_its_cause_adds_only_where_it_was_raised(engine, flows_pkg, capsys):
+    try:
+        try:
+            1 / 0
+        except ZeroDivisionError as inner:
+            raise DataflowError("error in step 'wc.div': ZeroDivisionError: division by zero") from inner
+    except DataflowError as outer:
+        engine.raise_exc = outer
+    assert run.main([f"{flows_pkg}.wc"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2
+    assert err[1].startswith("  raised at ") and "test_run_cli.py:" in err[1]
 
 
 def test_keyboard_interrupt_exits_130_quietly(engine, flows_pkg, capsys):
@@ -510,9 +525,10 @@ def test_subprocess_user_error_reports_step_and_cause_in_two_lines(copy_flow):
     out = _run_cli(['copyflow:get_flow("in.txt", "out.txt", fail_on="line 3")'], copy_flow)
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
-    assert lines[0].startswith("python -m millpond.run: the dataflow failed:")
-    assert "upper" in lines[0]
-    assert lines[1].startswith("  caused by ValueError: refusing 'line 3'")
+    # INFO log lines of the run come first; the error is the last two lines.
+    assert lines[-2].startswith("python -m millpond.run: the dataflow failed:")
+    assert "upper" in lines[-2] and "refusing 'line 3'" in lines[-2]
+    assert "copyflow.py:" in lines[-1] and "in check" in lines[-1]
     assert "Traceback" not in out.stderr
 
 

@@ -179,14 +179,23 @@ def _describe(obj: Any) -> str:
     return f"{text} (of type {type(obj).__name__})"
 
 
-def _summarize(exc: BaseException) -> str:
-    """``Type: message (at file:line)`` for the innermost frame of ``exc``."""
-    summary = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+def _headline(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _location(exc: BaseException) -> str:
+    """``file:line in function`` of the innermost frame of ``exc``, or ``""``."""
     frames = traceback.extract_tb(exc.__traceback__)
-    if frames:
-        last = frames[-1]
-        summary += f" (at {last.filename}:{last.lineno})"
-    return summary
+    if not frames:
+        return ""
+    last = frames[-1]
+    return f"{last.filename}:{last.lineno} in {last.name}"
+
+
+def _summarize(exc: BaseException) -> str:
+    """``Type: message (at file:line in function)`` for ``exc``."""
+    where = _location(exc)
+    return f"{_headline(exc)} (at {where})" if where else _headline(exc)
 
 
 def _module_name_for_path(path: Path) -> Tuple[str, Path]:
@@ -515,8 +524,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except DataflowError as ex:
         logger.debug("the dataflow failed", exc_info=True)
         lines = [f"{_PROG}: the dataflow failed: {ex}"]
-        if ex.__cause__ is not None:
-            lines.append(f"  caused by {_summarize(ex.__cause__)}")
+        cause = ex.__cause__
+        if cause is not None:
+            # The engine's message usually quotes the cause already; then
+            # where it was raised is the one thing left to add.
+            if _headline(cause) in str(ex) and _location(cause):
+                lines.append(f"  raised at {_location(cause)}")
+            else:
+                lines.append(f"  caused by {_summarize(cause)}")
         sys.stderr.write("\n".join(lines) + "\n")
         return 1
     except (RecoveryError, StateStoreError) as ex:
