@@ -565,3 +565,45 @@ def test_subprocess_ctrl_c_exits_130_without_traceback(copy_flow):
             proc.wait()
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+
+
+# --- the examples, run as their docstrings say -------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def test_example_wordcount_counts_every_word(tmp_path):
+    import collections
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wordcount_example", EXAMPLES / "wordcount.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = "The cat and the hat.\nA cat's hat, THE end!\n\n42 cats\n"
+    (tmp_path / "in.txt").write_text(text)
+    out = _run_cli([f'{EXAMPLES}/wordcount.py:get_flow("in.txt", "counts.tsv")', "-w", "2"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = dict(line.split("\t") for line in (tmp_path / "counts.tsv").read_text().splitlines())
+    expected = collections.Counter(w for line in text.splitlines() for w in module.words(line))
+    assert {k: int(v) for k, v in got.items()} == dict(expected)
+    assert expected["the"] == 3 and expected["cat's"] == 1
+
+
+def test_example_csv_totals_writes_running_totals_per_customer(tmp_path):
+    (tmp_path / "orders.csv").write_text("customer,amount\nann,1.50\nbob,2\nann,3\n")
+    out = _run_cli([f'{EXAMPLES}/csv_totals.py:get_flow("orders.csv", "totals")', "-w", "2"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = []
+    for f in sorted((tmp_path / "totals").iterdir()):
+        lines.extend(f.read_text().splitlines())
+    assert sorted(lines) == ["ann,1.50", "ann,4.50", "bob,2.00"]
+    ann_file = [f for f in (tmp_path / "totals").iterdir() if "ann" in f.read_text()]
+    assert len(ann_file) == 1  # a customer's lines all go to one file, in order
+    assert ann_file[0].read_text().splitlines()[:2] == ["ann,1.50", "ann,4.50"]
+
+
+def test_example_polling_prints_the_requested_samples(tmp_path):
+    out = _run_cli([f"{EXAMPLES}/polling.py:get_flow(samples=3, interval=0.05)"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 3 and all(" load=" in line for line in lines)
