@@ -472,15 +472,18 @@ from millpond.dataflow import Dataflow
 from millpond.connectors.files import FileSource, FileSink
 from millpond.inputs import SimplePollingSource
 from datetime import timedelta
+import time
 
 
-def get_flow(src, dst, fail_on=None):
+def get_flow(src, dst, fail_on=None, delay=0.0):
     flow = Dataflow("copy")
     lines = op.input("in", flow, FileSource(src, batch_size=2))
 
     def check(line):
         if line == fail_on:
             raise ValueError(f"refusing {line!r}")
+        if delay:
+            time.sleep(delay)
         return line.upper()
 
     upper = op.map("upper", lines, check)
@@ -541,6 +544,27 @@ def test_subprocess_with_recovery_continues_after_eof_without_duplicating(copy_f
     second = _run_cli([*args, "--snapshot-mode", "immediate"], copy_flow)
     assert second.returncode == 0, second.stderr
     assert (copy_flow / "out.txt").read_text() == "".join(f"LINE {i}\n" for i in range(8))
+
+
+def test_subprocess_file_to_file_flow_killed_with_sigkill_is_exactly_once(copy_flow):
+    import random
+
+    lines = [f"line {i}" for i in range(600)]
+    (copy_flow / "in.txt").write_text("".join(x + "\n" for x in lines))
+    argv = [sys.executable, "-m", "millpond.run", 'copyflow:get_flow("in.txt", "out.txt", delay=0.002)',
+            "-d", "state", "-s", "0.05"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MILLPOND_")}
+    env["PYTHONPATH"] = PYSRC
+    rng = random.Random(4)
+    for _ in range(3):
+        proc = subprocess.Popen(argv, cwd=copy_flow, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(0.3, 1.0))
+        proc.kill()
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode in (-signal.SIGKILL, 0), err
+    final = _run_cli(argv[3:], copy_flow, timeout=300)
+    assert final.returncode == 0, final.stderr
+    assert (copy_flow / "out.txt").read_text() == "".join(x.upper() + "\n" for x in lines)
 
 
 def test_subprocess_ctrl_c_exits_130_without_traceback(copy_flow):
