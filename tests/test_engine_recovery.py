@@ -1,0 +1,211 @@
+"""The engine's side of recovery, against a fake recovery run: what is
+snapshotted when, what a resumed execution restores and replays."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, List, Optional, Tuple
+
+import pytest
+
+import millpond.operators as op
+from millpond.dataflow import Dataflow
+from millpond.errors import DataflowError
+from millpond.outputs import DynamicSink, StatelessSinkPartition
+from millpond.testing import TestingSink, TestingSource, cluster_main, run_main
+
+from engine_fakes import FakeDurable, install
+
+EOF_ = TestingSource.EOF
+ABORT = TestingSource.ABORT
+
+
+@pytest.fixture(autouse=True)
+def _fakes(monkeypatch: pytest.MonkeyPatch) -> None:
+    install(monkeypatch)
+
+
+def _sum_flow(items: List[Any], out: List[Any]) -> Dataflow:
+    flow = Dataflow("sums")
+    s = op.input("inp", flow, TestingSource(items))
+    s = op.stateful_map("sum", s, lambda st, v: ((st or 0) + v, (st or 0) + v))
+    op.output("out", s, TestingSink(out))
+    return flow
+
+
+ZERO = timedelta(0)
+
+
+def test_abort_before_any_commit_replays_all_input():
+    items = [("a", 1), ("a", 2), ABORT(), ("a", 3)]
+    out: List[Any] = []
+    flow = _sum_flow(items, out)
+    durable = FakeDurable()
+    run_main(flow, recovery_config=durable)  # one long epoch: nothing commits
+    assert out == [("a", 1), ("a", 3)]
+    assert durable.committed_epoch == 0
+    out.clear()
+    run_main(flow, recovery_config=durable)
+    assert out == [("a", 1), ("a", 3), ("a", 6)]
+
+
+def test_abort_after_committed_epochs_resumes_after_the_last_one():
+    items = [("a", 1), ("a", 2), ABORT(), ("a", 3)]
+    out: List[Any] = []
+    flow = _sum_flow(items, out)
+    durable = FakeDurable()
+    run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    assert out == [("a", 1), ("a", 3)]
+    assert durable.committed_epoch == 2
+    out.clear()
+    run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    assert out == [("a", 6)]
+    assert ("open", 1, 3) in durable.events
+
+
+def test_eof_marker_ends_the_run_and_the_next_run_continues_after_it():
+    items = [("a", 1), EOF_(), ("a", 10), EOF_(), ("a", 100)]
+    out: List[Any] = []
+    flow = _sum_flow(items, out)
+    durable = FakeDurable()
+    for expected in ([("a", 1)], [("a", 11)], [("a", 111)], []):
+        out.clear()
+        run_main(flow, recovery_config=durable)
+        assert out == expected
+
+
+def test_items_appended_after_a_finished_run_are_read_by_the_next_run():
+    items: List[Any] = [("a", 1)]
+    out: List[Any] = []
+    flow = _sum_flow(items, out)
+    durable = FakeDurable()
+    run_main(flow, recovery_config=durable)
+    items.append(("a", 5))
+    out.clear()
+    run_main(flow, recovery_config=durable)
+    assert out == [("a", 6)]
+
+
+def test_without_recovery_each_run_starts_over():
+    items = [("a", 1), EOF_(), ("a", 10)]
+    out: List[Any] = []
+    flow = _sum_flow(items, out)
+    run_main(flow)
+    run_main(flow)
+    assert out == [("a", 1), ("a", 1)]
+
+
+def test_discarded_keys_are_deleted_and_not_restored():
+    def mapper(st: Optional[int], v: int) -> Tuple[Optional[int], int]:
+        n = (st or 0) + v
+        return (None if v == 0 else n), n
+
+    items = [("a", 1), ("b", 1), ("a", 0), EOF_(), ("a", 5), ("b", 5)]
+    flow = Dataflow("d")
+    out: List[Any] = []
+    s = op.stateful_map("sm", op.input("inp", flow, TestingSource(items)), mapper)
+    op.output("out", s, TestingSink(out))
+    durable = FakeDurable()
+    run_main(flow, recovery_config=durable)
+    assert durable.state_at(durable.committed_epoch).get(("d.sm.stateful_batch", "a")) is None
+    out.clear()
+    run_main(flow, recovery_config=durable)
+    assert sorted(out) == [("a", 5), ("b", 6)]
+
+
+@pytest.mark.parametrize("workers", [(1, 3), (3, 2), (2, 2)])
+def test_state_is_restored_for_any_worker_count(workers: Tuple[int, int]):
+    keys = [f"k{i}" for i in range(12)]
+    items: List[Any] = [(k, 1) for k in keys] + [EOF_()] + [(k, 1) for k in keys]
+    out: List[Any] = []
+    flow = _sum_flow(items, out)
+    durable = FakeDurable()
+    cluster_main(flow, [], 0, recovery_config=durable, worker_count_per_proc=workers[0])
+    out.clear()
+    cluster_main(flow, [], 0, recovery_config=durable, worker_count_per_proc=workers[1])
+    assert sorted(out) == sorted((k, 2) for k in keys)
+
+
+def test_newest_snapshot_per_key_is_found_across_several_executions():
+    items = [("a", 1), EOF_(), ("b", 1), EOF_(), ("b", 1), EOF_(), ("a", 1), ("b", 1)]
+    out: List[Any] = []
+    flow = _sum_flow(items, out)
+    durable = FakeDurable()
+    for _ in range(4):
+        out.clear()
+        run_main(flow, recovery_config=durable)
+    assert out == [("a", 2), ("b", 3)]
+
+
+def test_fold_final_state_survives_an_abort_and_emits_once_at_eof():
+    items = [("a", 1), ("a", 2), ABORT(), ("a", 3)]
+    flow = Dataflow("f")
+    out: List[Any] = []
+    s = op.fold_final("fold", op.input("inp", flow, TestingSource(items)), lambda: 0, lambda a, v: a + v)
+    op.output("out", s, TestingSink(out))
+    durable = FakeDurable()
+    run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    assert out == []
+    run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    assert out == [("a", 6)]
+
+
+class _LoggingSink(DynamicSink[Any]):
+    def __init__(self, log: List[Any]) -> None:
+        self.log = log
+
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> Any:
+        log = self.log
+
+        class Part(StatelessSinkPartition[Any]):
+            def write_batch(self, items: List[Any]) -> None:
+                log.extend(("write", x) for x in items)
+
+        return Part()
+
+
+def test_an_epochs_outputs_are_written_before_it_is_closed():
+    durable = FakeDurable()
+    flow = Dataflow("o")
+    s = op.input("inp", flow, TestingSource([1, 2, 3]))
+    op.output("out", s, _LoggingSink(durable.events))  # type: ignore[arg-type]
+    run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    seq = [e for e in durable.events if e[0] in ("write", "close")]
+    assert seq == [
+        ("write", 1),
+        ("close", 0, 1),
+        ("write", 2),
+        ("close", 0, 2),
+        ("write", 3),
+        ("close", 0, 3),
+        ("close", 0, 4),  # the partition's EOF closes one more (empty) epoch
+    ]
+
+
+def test_error_in_user_code_finishes_the_run_as_aborted_and_keeps_commits():
+    items = [("a", 1), ("a", -1)]
+
+    def mapper(st: Optional[int], v: int) -> Tuple[int, int]:
+        if v < 0:
+            raise ValueError("negative")
+        return (st or 0) + v, v
+
+    flow = Dataflow("e")
+    s = op.stateful_map("sm", op.input("inp", flow, TestingSource(items)), mapper)
+    op.output("out", s, TestingSink([]))
+    durable = FakeDurable()
+    with pytest.raises(DataflowError, match="for key 'a'"):
+        run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    assert ("finish", True) in durable.events
+    assert durable.committed_epoch == 1
+
+
+def test_source_positions_are_snapshotted_each_epoch():
+    items = [1, 2, 3]
+    flow = Dataflow("p")
+    op.output("out", op.input("inp", flow, TestingSource(items)), TestingSink([]))
+    durable = FakeDurable()
+    run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    positions = [e for e, _ in durable.rows[("p.inp", "iterable")]]
+    assert positions[:3] == [1, 2, 3]
+    assert durable.state_at(durable.committed_epoch)[("p.inp", "iterable")] == 3
