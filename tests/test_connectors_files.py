@@ -418,3 +418,59 @@ def test_file_to_file_copy_with_crash_is_exactly_once(tmp_path):
     kp.close()
     assert out.read_text().splitlines() == lines
     assert os.path.getsize(out) == src_path.stat().st_size
+
+
+# --- through the engine, with its fake recovery run -----------------------------------
+
+
+class _AbortingFileSource(FileSource):
+    """A FileSource whose partition crashes the execution after N batches, once."""
+
+    def __init__(self, path, abort_after, batch_size):
+        super().__init__(path, batch_size=batch_size)
+        self.abort_after = abort_after
+
+    def build_part(self, step_id, for_part, resume_state):
+        from millpond.inputs import AbortExecution
+
+        inner = super().build_part(step_id, for_part, resume_state)
+        src = self
+        real_next_batch = inner.next_batch
+
+        def next_batch():
+            if src.abort_after is not None:
+                if src.abort_after == 0:
+                    src.abort_after = None
+                    raise AbortExecution("crash for the test")
+                src.abort_after -= 1
+            return real_next_batch()
+
+        inner.next_batch = next_batch
+        return inner
+
+
+@pytest.mark.parametrize("abort_after", [0, 1, 3, 6, 20])
+@pytest.mark.parametrize("epoch_ms", [0, 1000])
+def test_engine_file_to_file_flow_aborted_then_resumed_is_exactly_once(tmp_path, monkeypatch, abort_after, epoch_ms):
+    from datetime import timedelta
+
+    import millpond.operators as op
+    from millpond.dataflow import Dataflow
+    from millpond.testing import run_main
+
+    from engine_fakes import FakeDurable, install
+
+    install(monkeypatch)
+    lines = [f"line {i}" for i in range(17)]
+    (tmp_path / "in.txt").write_text("".join(x + "\n" for x in lines))
+    out = tmp_path / "out.txt"
+    out.write_text("stale output of an older run\n")
+    flow = Dataflow("copy")
+    src = _AbortingFileSource(tmp_path / "in.txt", abort_after, batch_size=2)
+    up = op.map("upper", op.input("in", flow, src), str.upper)
+    op.output("out", op.key_on("one", up, lambda _x: "one"), FileSink(out))
+    durable = FakeDurable()
+    interval = timedelta(milliseconds=epoch_ms)
+    run_main(flow, epoch_interval=interval, recovery_config=durable)  # aborts (unless past EOF)
+    run_main(flow, epoch_interval=interval, recovery_config=durable)
+    assert out.read_text() == "".join(x.upper() + "\n" for x in lines)
