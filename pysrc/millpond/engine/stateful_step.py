@@ -57,6 +57,10 @@ class StatefulBatchRuntime(StepRuntime):
         self.timers: Dict[str, datetime] = {}
         self.heap: List[Tuple[datetime, str]] = []
         self.ended = False
+        # Outputs of the activation in progress.
+        self._out: List[Tuple[str, Any]] = []
+        # Logic classes that may set timers (others skip notify_at).
+        self._timer_classes: Dict[type, bool] = {}
         self._rearm_restored()
 
     # -- routing --------------------------------------------------------
@@ -99,8 +103,14 @@ class StatefulBatchRuntime(StepRuntime):
         did = False
         if self.pending:
             pending, self.pending = self.pending, {}
+            # Outputs of all keys of the activation go downstream as one batch.
+            self._out = []
             for key, values in pending.items():
                 self._run_key(key, values, now)
+            out, self._out = self._out, []
+            if out:
+                self.worker.emit(self.index, 0, out)
+            self.worker.touched()
             did = True
         if fire_timers and self.heap and self.heap[0][0] <= now:
             # Pop everything due first, so a timer re-armed at or before
@@ -111,19 +121,21 @@ class StatefulBatchRuntime(StepRuntime):
                 at, key = heapq.heappop(heap)
                 if timers.get(key) == at:
                     due.append(key)
+            self._out = []
             for key in due:
                 if key in timers:
                     self._notify_key(key)
+            out, self._out = self._out, []
+            if out:
+                self.worker.emit(self.index, 0, out)
             did = did or bool(due)
         return did
 
     def _emit(self, key: str, out: Any, what: str) -> None:
         try:
-            items = [(key, o) for o in out]
+            self._out.extend([(key, o) for o in out])
         except Exception as ex:
             raise self.fail(ex, key=key, what=what) from ex
-        if items:
-            self.worker.emit(self.index, 0, items)
 
     def _run_key(self, key: str, values: list, now: datetime) -> None:
         try:
@@ -132,24 +144,29 @@ class StatefulBatchRuntime(StepRuntime):
             raise self.fail(ex, key=key, what="builder") from ex
         try:
             out, discard = logic.on_batch(values)
+            self._out.extend([(key, o) for o in out])
         except Exception as ex:
             raise self.fail(ex, key=key, what="on_batch") from ex
-        self._emit(key, out, "on_batch")
         if discard:
             self._discard(key)
             return
-        at = self.timers.get(key)
-        if at is not None and at <= now:
-            try:
-                out, discard = logic.on_notify()
-            except Exception as ex:
-                raise self.fail(ex, key=key, what="on_notify") from ex
-            self._emit(key, out, "on_notify")
-            if discard:
-                self._discard(key)
-                return
-        self._rearm(key, logic)
-        self.worker.touched()
+        if self.timers:
+            at = self.timers.get(key)
+            if at is not None and at <= now:
+                try:
+                    out, discard = logic.on_notify()
+                except Exception as ex:
+                    raise self.fail(ex, key=key, what="on_notify") from ex
+                self._emit(key, out, "on_notify")
+                if discard:
+                    self._discard(key)
+                    return
+        cls = type(logic)
+        has_timers = self._timer_classes.get(cls)
+        if has_timers is None:
+            has_timers = self._timer_classes[cls] = not _no_timers(logic)
+        if has_timers:
+            self._rearm(key, logic)
 
     def _notify_key(self, key: str) -> None:
         try:
@@ -219,6 +236,7 @@ class StatefulBatchRuntime(StepRuntime):
     def on_upstream_eof(self, now: datetime) -> None:
         self.activate(now, fire_timers=False)
         store = self.store
+        self._out = []
         for key in sorted(store.keys(self.step_id)):
             try:
                 logic = store.get(self.step_id, key)
@@ -233,7 +251,10 @@ class StatefulBatchRuntime(StepRuntime):
             self._emit(key, out, "on_eof")
             if discard:
                 store.discard(self.step_id, key)
+        out, self._out = self._out, []
         self.timers.clear()
         self.heap.clear()
         self.ended = True
         self.worker.touched()
+        if out:
+            self.worker.emit(self.index, 0, out)
