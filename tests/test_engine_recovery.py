@@ -3,6 +3,7 @@ snapshotted when, what a resumed execution restores and replays."""
 
 from __future__ import annotations
 
+import pickle
 from datetime import timedelta
 from typing import Any, List, Optional, Tuple
 
@@ -209,3 +210,40 @@ def test_source_positions_are_snapshotted_each_epoch():
     positions = [e for e, _ in durable.rows[("p.inp", "iterable")]]
     assert positions[:3] == [1, 2, 3]
     assert durable.state_at(durable.committed_epoch)[("p.inp", "iterable")] == 3
+
+
+def test_timers_are_asked_again_for_restored_keys():
+    from datetime import datetime, timezone
+
+    from millpond.operators import StatefulBatchLogic
+
+    class Remind(StatefulBatchLogic):
+        def __init__(self, resume: Any) -> None:
+            self.at = resume
+
+        def on_batch(self, values: List[Any]) -> Any:
+            self.at = datetime.now(timezone.utc)  # due right away
+            return [], self.RETAIN
+
+        def on_notify(self) -> Any:
+            self.at = None
+            return ["reminded"], self.DISCARD
+
+        def notify_at(self) -> Any:
+            return self.at
+
+        def snapshot(self) -> Any:
+            return self.at
+
+    # Committed state holds key "a" with a timer that is already due; the
+    # input is empty, so only a re-armed timer can produce output.
+    flow = Dataflow("timers")
+    out: List[Any] = []
+    s = op.stateful_batch("r", op.input("inp", flow, TestingSource([])), Remind)
+    op.output("out", s, TestingSink(out))
+    durable = FakeDurable()
+    due = pickle.dumps(datetime.now(timezone.utc))
+    durable.rows[("timers.r", "a")] = [(1, due)]
+    durable.committed_epoch = 1
+    run_main(flow, recovery_config=durable)
+    assert out == [("a", "reminded")]

@@ -541,6 +541,16 @@ def raises(step_id: str, up: Stream[Any]) -> None:
 # Stateful operators built from stateful_batch
 
 
+def _without_timers(stream: Stream[Any]) -> Stream[Any]:
+    """Mark the ``stateful_batch`` step producing ``stream`` as one whose
+    logic never sets timers, so a resumed run need not hydrate every key just
+    to ask ``notify_at``."""
+    for step in stream._graph.steps:
+        if f"{step.step_id}.down" == stream.stream_id and step.kind == "stateful_batch":
+            step.params["timers"] = False
+    return stream
+
+
 class _StatefulShim(StatefulBatchLogic[V, W, S]):
     """Runs a per-item :class:`StatefulLogic` as a batch logic."""
 
@@ -632,8 +642,10 @@ def stateful_map(
     should be treated as immutable once returned (it is what is snapshotted).
     """
     _check_callable(step_id, "mapper", mapper)
-    return stateful_batch(
-        "stateful_batch", up, lambda resume: _StatefulMapLogic(mapper, resume, False)
+    return _without_timers(
+        stateful_batch(
+            "stateful_batch", up, lambda resume: _StatefulMapLogic(mapper, resume, False)
+        )
     )
 
 
@@ -645,8 +657,10 @@ def stateful_flat_map(
 ) -> KeyedStream[Tuple[str, W]]:
     """Like :func:`stateful_map`, but ``emit`` is an iterable of values."""
     _check_callable(step_id, "mapper", mapper)
-    return stateful_batch(
-        "stateful_batch", up, lambda resume: _StatefulMapLogic(mapper, resume, True)
+    return _without_timers(
+        stateful_batch(
+            "stateful_batch", up, lambda resume: _StatefulMapLogic(mapper, resume, True)
+        )
     )
 
 
@@ -758,7 +772,7 @@ def fold_final(
     def shim_builder(resume: Optional[S]) -> _FoldFinalLogic[V, S]:
         return _FoldFinalLogic(folder, builder() if resume is None else resume)
 
-    return stateful_batch("stateful_batch", up, shim_builder)
+    return _without_timers(stateful_batch("stateful_batch", up, shim_builder))
 
 
 class _Unset:
@@ -921,8 +935,10 @@ def join(
     ]
     merged = merge("merge", *tagged)
     count = len(sides)
-    return stateful_batch(
-        "join",
-        merged,
-        lambda resume: _JoinLogic(count, insert_mode, emit_mode, resume),
+    return _without_timers(
+        stateful_batch(
+            "join",
+            merged,
+            lambda resume: _JoinLogic(count, insert_mode, emit_mode, resume),
+        )
     )

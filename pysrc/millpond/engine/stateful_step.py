@@ -46,6 +46,13 @@ def _no_timers(logic: Any) -> bool:
     return type(logic).notify_at is StatefulBatchLogic.notify_at
 
 
+class _AlwaysFalse(dict):
+    """Timer lookup for steps whose logic never sets timers."""
+
+    def get(self, key: Any, default: Any = None) -> bool:
+        return False
+
+
 class StatefulBatchRuntime(StepRuntime):
     """Per-worker runtime of one ``stateful_batch`` step."""
 
@@ -61,7 +68,10 @@ class StatefulBatchRuntime(StepRuntime):
         self._out: List[Tuple[str, Any]] = []
         # Logic classes that may set timers (others skip notify_at).
         self._timer_classes: Dict[type, bool] = {}
-        self._rearm_restored()
+        if step.params.get("timers", True):
+            self._rearm_restored()
+        else:
+            self._timer_classes = _AlwaysFalse()
 
     # -- routing --------------------------------------------------------
 
