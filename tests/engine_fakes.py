@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from millpond.errors import SnapshotError
 from millpond.keygroup import worker_for_key
 
 _DELETED = object()
@@ -84,7 +85,11 @@ class FakeStore:
         rows = []
         for sk in sorted(self.touched):
             obj = self.live.get(sk)
-            rows.append((sk[0], sk[1], None if obj is None else pickle.dumps(obj.snapshot())))
+            try:
+                blob = None if obj is None else pickle.dumps(obj.snapshot())
+            except Exception as ex:  # as StateStore does
+                raise SnapshotError(f"cannot snapshot state of step {sk[0]!r} key {sk[1]!r}") from ex
+            rows.append((sk[0], sk[1], blob))
         self.touched.clear()
         return rows
 

@@ -247,3 +247,16 @@ def test_timers_are_asked_again_for_restored_keys():
     durable.committed_epoch = 1
     run_main(flow, recovery_config=durable)
     assert out == [("a", "reminded")]
+
+
+def test_unpicklable_state_is_a_dataflow_error_naming_the_step():
+    import threading
+
+    flow = Dataflow("u")
+    inp = op.input("inp", flow, TestingSource([("a", 1)]))
+    s = op.stateful_map("sm", inp, lambda st, v: (threading.Lock(), v))
+    op.output("out", s, TestingSink([]))
+    durable = FakeDurable()
+    with pytest.raises(DataflowError, match="u.sm.stateful_batch") as ei:
+        run_main(flow, recovery_config=durable)
+    assert ei.value.__cause__ is not None

@@ -35,7 +35,12 @@ class RecoveryRun(Protocol):
 
 
 class EphemeralRun:
-    """A run without recovery: in-memory stores that are never snapshotted."""
+    """A run without recovery: in-memory stores, nothing persisted.
+
+    ``MemoryStateStore.snapshot`` persists nothing and only forgets which
+    keys were touched or discarded; calling it at each epoch close keeps
+    those sets from growing for the life of a long-running flow.
+    """
 
     resume_epoch = 1
     execution = 0
@@ -52,7 +57,7 @@ class EphemeralRun:
         pass
 
     def close_epoch(self, worker_index: int, epoch: int) -> None:
-        pass
+        self._stores[worker_index].snapshot(epoch)
 
     def finish(self, aborted: bool) -> None:
         pass

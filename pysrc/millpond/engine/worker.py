@@ -26,6 +26,7 @@ from millpond.engine.steps import (
     RedistributeRuntime,
     StepRuntime,
 )
+from millpond.errors import DataflowError, SnapshotError
 from millpond.keygroup import worker_for_key
 
 __all__ = ["Worker"]
@@ -156,7 +157,13 @@ class Worker:
         """Record partition positions and hand the epoch to recovery."""
         for rt in self.runtimes:
             rt.before_snapshot()
-        self.run.close_epoch(self.index, epoch)
+        try:
+            self.run.close_epoch(self.index, epoch)
+        except SnapshotError as ex:
+            # A state object's snapshot() failed or was not picklable: that
+            # is user code, so it surfaces like any other user error.
+            err = DataflowError(f"error on worker {self.index} at the close of epoch {epoch}: {ex}")
+            raise err from ex
 
     def close(self) -> None:
         """Close every source and sink partition (first error wins)."""
