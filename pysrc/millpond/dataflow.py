@@ -133,7 +133,7 @@ class Dataflow:
         self._graph.steps.append(
             _CoreStep(step_id, kind, [u.stream_id for u in ups], list(downs), params)
         )
-        outs = []
+        outs: List[Stream[Any]] = []
         for port in downs:
             sid = f"{step_id}.{port}"
             self._graph.streams.add(sid)
@@ -229,7 +229,7 @@ def operator(fn: F) -> F:
         scope_id: Optional[str] = None
         arguments = bound.arguments
 
-        def check(name: str, value: Any, kind: type) -> None:
+        def check(name: str, value: Any, kind: Any) -> None:
             nonlocal graph, scope_id
             if not isinstance(value, kind):
                 raise TypeError(

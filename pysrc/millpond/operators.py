@@ -453,7 +453,7 @@ def map_value(
     _, me = _step_scope(up)
 
     def shim(batch: List[Tuple[str, V]]) -> List[Tuple[str, W]]:
-        out = []
+        out: List[Tuple[str, W]] = []
         for kv in batch:
             k, v = _keyed(me, kv)
             out.append((k, mapper(v)))
@@ -471,7 +471,7 @@ def flat_map_value(
     _, me = _step_scope(up)
 
     def shim(batch: List[Tuple[str, V]]) -> List[Tuple[str, W]]:
-        out = []
+        out: List[Tuple[str, W]] = []
         for kv in batch:
             k, v = _keyed(me, kv)
             out.extend((k, w) for w in mapper(v))

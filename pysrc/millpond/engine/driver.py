@@ -18,7 +18,7 @@ from typing import Any, List, Optional
 
 from millpond.dataflow import Dataflow
 from millpond.engine.clock import Clock, SystemClock
-from millpond.engine.exchange import LocalExchange
+from millpond.engine.exchange import Exchange, LocalExchange
 from millpond.engine.hooks import RecoveryRun, open_run
 from millpond.engine.plan import Plan, compile_plan
 from millpond.engine.progress import EpochProgress, LocalProgress, SingleProcessProgress
@@ -123,7 +123,7 @@ def execute(
                 run.close()
 
 
-def _drain(workers: List[Worker], exchange: LocalExchange, now: Any) -> None:
+def _drain(workers: List[Worker], exchange: Exchange, now: Any) -> None:
     while True:
         did = False
         for worker in workers:
@@ -136,7 +136,7 @@ def _drain(workers: List[Worker], exchange: LocalExchange, now: Any) -> None:
 def _epoch_loop(
     plan: Plan,
     workers: List[Worker],
-    exchange: LocalExchange,
+    exchange: Exchange,
     progress: EpochProgress,
     clock: Clock,
     interval: timedelta,

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from millpond.engine.steps import NO_KEY, StepRuntime
 from millpond.inputs import AbortExecution
-from millpond.keygroup import worker_for_key
 
 if TYPE_CHECKING:  # pragma: no cover
     from millpond.engine.plan import PlanStep
@@ -67,11 +66,13 @@ def _owned_parts(rt: StepRuntime, obj: Any) -> List[str]:
         raise rt.fail(ex, what="list_parts") from ex
     for name in names:
         if not isinstance(name, str):
-            ex = TypeError(f"list_parts must return str partition names; got {name!r:.80}")
-            raise rt.fail(ex) from ex
+            err: Exception = TypeError(
+                f"list_parts must return str partition names; got {name!r:.80}"
+            )
+            raise rt.fail(err) from err
     if len(set(names)) != len(names):
-        ex = ValueError(f"list_parts returned duplicate partition names: {names!r:.200}")
-        raise rt.fail(ex) from ex
+        err = ValueError(f"list_parts returned duplicate partition names: {names!r:.200}")
+        raise rt.fail(err) from err
     return names
 
 
@@ -208,7 +209,7 @@ class OutputRuntime(StepRuntime):
                 raise self.fail(ex) from ex
             self.owners = [worker.owner_of(n) for n in self.names]
             self.part_fn = getattr(sink, "part_fn", _default_part_fn)
-            for name, owner in zip(self.names, self.owners):
+            for name, owner in zip(self.names, self.owners, strict=True):
                 if owner != worker.index:
                     continue
                 try:
@@ -231,7 +232,7 @@ class OutputRuntime(StepRuntime):
             return
         # Route each (key, value) to the partition part_fn picks, on the
         # worker that owns that partition.
-        names, owners, n = self.names, self.owners, len(self.names)
+        owners, n = self.owners, len(self.names)
         me = self.worker.index
         by_worker: Dict[int, List[Any]] = {}
         for item in items:

@@ -118,11 +118,11 @@ class BranchRuntime(StepRuntime):
             elif res is False:
                 falses.append(item)
             else:
-                ex = TypeError(
+                err = TypeError(
                     f"return value of `predicate` in step {self.step_id!r} must be a "
                     f"bool; got {type(res).__name__}: {res!r:.80}"
                 )
-                raise self.fail(ex) from ex
+                raise self.fail(err) from err
         if trues:
             self.worker.emit(self.index, 0, trues)
         if falses:

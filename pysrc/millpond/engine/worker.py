@@ -10,7 +10,7 @@ steps buffer what they receive and run in ``pump``, in topological order.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from millpond.engine.clock import Clock
 from millpond.engine.exchange import Exchange, Message
