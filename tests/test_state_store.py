@@ -403,6 +403,42 @@ def test_unicode_step_ids_round_trip(tmp_path):
 
 @pytest.mark.xfail(
     strict=True,
+    reason="bug: register() accepts a step id containing NUL; keys() then raises 'ValueError: embedded "
+    "null character' (scan_open parses the step with \"s\"), and after reopen the step's state is silently "
+    "gone because store_steps returns NUL-separated ids ('a\\x00b' comes back as 'a' and 'b')",
+)
+def test_step_id_containing_nul_is_rejected_or_round_trips(tmp_path):
+    step = "a\x00b"
+    with StateStore.open(tmp_path, FLOW) as s:
+        try:
+            s.register(step, Box)
+        except (TypeError, ValueError):
+            return  # rejecting it up front is fine
+        s.register("a", Box)
+        s.set("a", "other-step", box(0))
+        s.set(step, "k", box(1))
+        s.snapshot(1)
+        assert s.keys(step) == ["k"]
+    with StateStore.open(tmp_path, FLOW) as s:
+        s.register(step, Box)
+        assert s.get(step, "k") is not None, "state of the step was lost on reopen"
+
+
+def test_large_snapshot_value_round_trips(tmp_path):
+    big = bytes(range(256)) * (16 << 10)  # 4 MiB
+    with open_store(tmp_path) as s:
+        s.set(STEP, "big", box(big))
+        s.set(STEP, "small", box(1))
+        s.snapshot(1)
+    with open_store(tmp_path) as s:
+        assert s.get(STEP, "big").value == big
+    with open_store(tmp_path) as s:
+        assert s.hydrate_all(STEP, chunk_rows=1) == 2
+        assert s.get(STEP, "big").value == big
+
+
+@pytest.mark.xfail(
+    strict=True,
     reason="bug: set() accepts a str key that is not encodable as UTF-8 (lone surrogate); every later "
     "snapshot() then fails with a bare UnicodeEncodeError from the C packer, and even discard() cannot "
     "recover because the deletion row has the same key",
@@ -940,6 +976,8 @@ def test_second_open_in_the_same_process_names_this_pid(tmp_path):
         with pytest.raises(StoreLockedError, match=rf"process {os.getpid()} holds .*LOCK") as info:
             StateStore.open(tmp_path, FLOW)
         assert isinstance(info.value, StateStoreError)
+        with pytest.raises(StoreLockedError):  # the failed attempt did not release the lock
+            StateStore.open(tmp_path, FLOW)
         # The failed open did not disturb the holder.
         first.register(STEP, Box)
         first.set(STEP, "a", box(1))
