@@ -256,6 +256,13 @@ def test_closed_store_raises_state_store_error_saying_closed(any_store, call):
         call(any_store)
 
 
+@pytest.mark.parametrize("method, args", [("hydrate_all", (STEP,)), ("stats", ()), ("gc", (1,))])
+def test_closed_state_store_refuses_core_calls(store, method, args):
+    store.close()
+    with pytest.raises(StateStoreError, match="StateStore is closed"):
+        getattr(store, method)(*args)
+
+
 def test_context_manager_closes_the_store(tmp_path):
     with StateStore.open(tmp_path, FLOW) as s:
         assert not s.closed
