@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/backup/backuptest"
+	"github.com/millpond/millpond/gostore/backup/s3backup"
+)
+
+var listenLine = regexp.MustCompile(`^listening on (http://127\.0\.0\.1:\d+)\n$`)
+
+func TestRunServesBucketsUntilCanceled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-bucket", "one-bucket", "-bucket", "two-bucket"}, pw, io.Discard) }()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	require.NoError(t, err)
+	m := listenLine.FindStringSubmatch(line)
+	require.NotNil(t, m, "first line %q", line)
+
+	for _, bucket := range []string{"one-bucket", "two-bucket"} {
+		b, err := s3backup.New(context.Background(), s3backup.Options{
+			Bucket: bucket, Endpoint: m[1], Region: "us-east-1",
+			AccessKeyID: "id", SecretAccessKey: "secret",
+		})
+		require.NoError(t, err)
+		require.NoError(t, b.Check(context.Background()))
+		backuptest.Put(t, b, "k", []byte(bucket))
+		assert.Equal(t, bucket, string(backuptest.Get(t, b, "k")))
+	}
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("server did not stop")
+	}
+}
+
+func TestRunRejectsBadFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{"UnknownFlag", []string{"-nope"}, "not defined"},
+		{"ExtraArgument", []string{"extra"}, "unexpected arguments"},
+		{"BadBucket", []string{"-bucket", "x"}, `create bucket "x"`},
+		{"BadAddr", []string{"-addr", "127.0.0.1:notaport"}, "listen on"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// A bad flag must fail before serving; the timeout stops a
+			// server that started anyway.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := run(ctx, tt.args, io.Discard, io.Discard)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.wantErr)
+		})
+	}
+}
+
+// TestBinaryExitsCleanlyOnSIGTERM builds the command and checks the
+// contract the Python tests rely on: one line on stdout, exit 0 on SIGTERM.
+func TestBinaryExitsCleanlyOnSIGTERM(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a binary")
+	}
+	bin := filepath.Join(t.TempDir(), "mp-s3server")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Stderr = os.Stderr
+	require.NoError(t, build.Run())
+
+	cmd := exec.Command(bin, "-bucket", "millpond")
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	require.Regexp(t, listenLine, line)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	rest, err := io.ReadAll(stdout)
+	require.NoError(t, err)
+	assert.Empty(t, strings.TrimSpace(string(rest)), "nothing else on stdout")
+	require.NoError(t, cmd.Wait())
+}
