@@ -110,3 +110,32 @@ func TestObjectsAreReadableFiles(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o644), fi.Mode().Perm())
 }
+
+// TestConcurrentUploadAndDeleteInSameDirectory races uploads against deletes
+// that prune the directory the uploads write into.
+func TestConcurrentUploadAndDeleteInSameDirectory(t *testing.T) {
+	b := newTestBackup(t)
+	src, _ := backuptest.WriteRandomFile(t, t.TempDir(), 100)
+	ctx := context.Background()
+	errs := make(chan error, 8)
+	for w := range 4 {
+		go func() {
+			var err error
+			for i := 0; i < 50 && err == nil; i++ {
+				key := filepath.ToSlash(filepath.Join("d", "e", string(rune('a'+w))))
+				if err = b.Upload(ctx, src, key); err == nil {
+					err = b.Delete(ctx, key)
+				}
+			}
+			errs <- err
+		}()
+	}
+	var failures []error
+	for range 4 {
+		if err := <-errs; err != nil {
+			failures = append(failures, err)
+		}
+	}
+	require.Empty(t, failures)
+	assert.Empty(t, backuptest.Keys(t, b, ""))
+}

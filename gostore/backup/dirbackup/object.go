@@ -13,8 +13,9 @@ import (
 )
 
 // mkdirAttempts bounds the retries of an upload whose target directory was
-// removed by a concurrent Delete between creating it and writing into it.
-const mkdirAttempts = 5
+// removed by a concurrent Delete (which prunes empty directories) between
+// creating it and writing into it. Each retry is cheap.
+const mkdirAttempts = 100
 
 // Upload copies localPath into the store under key, atomically: a temporary
 // file in the target directory, fsync, rename, fsync of the directory.
@@ -33,10 +34,12 @@ func (b *DirBackup) Upload(ctx context.Context, localPath, key string) error {
 	defer src.Close()
 	for attempt := 1; ; attempt++ {
 		err = b.writeObject(src, dst)
-		if err == nil || !errors.Is(err, fs.ErrNotExist) || attempt == mkdirAttempts {
+		if err == nil || attempt == mkdirAttempts ||
+			!(errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrExist)) {
 			break
 		}
-		// A concurrent Delete pruned the directory we just created.
+		// A concurrent Delete pruned a directory we just created (ENOENT),
+		// or pruned one MkdirAll saw appear (EEXIST, then gone).
 		if _, serr := src.Seek(0, io.SeekStart); serr != nil {
 			err = serr
 			break

@@ -116,7 +116,10 @@ type FaultBackup struct {
 	failures map[Op]int
 }
 
-var _ backup.Backup = (*FaultBackup)(nil)
+var (
+	_ backup.Backup  = (*FaultBackup)(nil)
+	_ backup.Checker = (*FaultBackup)(nil)
+)
 
 // New wraps inner with no rules: every call passes through.
 func New(inner backup.Backup, rules ...Rule) *FaultBackup {
@@ -238,3 +241,12 @@ func (fb *FaultBackup) Delete(ctx context.Context, key string) error {
 
 // String describes the wrapped backend, marked as fault-injecting.
 func (fb *FaultBackup) String() string { return "faulty " + fb.inner.String() }
+
+// Check delegates to the wrapped backend if it is a [backup.Checker]; it is
+// never failed by rules.
+func (fb *FaultBackup) Check(ctx context.Context) error {
+	if c, ok := fb.inner.(backup.Checker); ok {
+		return c.Check(ctx)
+	}
+	return nil
+}
