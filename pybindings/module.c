@@ -277,50 +277,130 @@ static PyObject *scan_open(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLongLong(out);
 }
 
-// Decodes a page of (key, value) pairs into a list of (str, bytes) tuples.
+// One entry of a packed scan page (see snapfile/page.go).
+typedef struct {
+    const char *key;
+    size_t key_len;
+    const char *val;  // NULL for a deletion
+    size_t val_len;
+} mp_entry;
+
+// Reads the next entry at *p; returns 0 at a malformed entry.
+static int next_entry(const char **p, const char *end, mp_entry *e) {
+    uint64_t kl, epoch, tag;
+    const char *q = *p;
+    if ((q = mp_get_uvarint(q, end, &kl)) == NULL || kl > (uint64_t)(end - q)) return 0;
+    e->key = q;
+    e->key_len = (size_t)kl;
+    q += kl;
+    if ((q = mp_get_uvarint(q, end, &epoch)) == NULL) return 0;
+    if ((q = mp_get_uvarint(q, end, &tag)) == NULL) return 0;
+    if (tag == 0) {
+        e->val = NULL;
+        e->val_len = 0;
+    } else {
+        if (tag - 1 > (uint64_t)(end - q)) return 0;
+        e->val = q;
+        e->val_len = (size_t)(tag - 1);
+        q += tag - 1;
+    }
+    *p = q;
+    return 1;
+}
+
+static PyObject *malformed_page(void) {
+    PyErr_SetString(PyExc_RuntimeError, "millpond._core: malformed page from the Go core");
+    return NULL;
+}
+
+// Decodes a packed page into a list of (key, bytes | None) tuples.
 PyObject *mp_unpack_kv(const char *buf, size_t len) {
     const char *p = buf, *end = buf + len;
     uint64_t n;
-    if ((p = mp_get_uvarint(p, end, &n)) == NULL) goto bad;
+    if ((p = mp_get_uvarint(p, end, &n)) == NULL || n > len) return malformed_page();
     PyObject *list = PyList_New((Py_ssize_t)n);
     if (list == NULL) return NULL;
     for (uint64_t i = 0; i < n; i++) {
-        uint64_t kl, vl;
-        if ((p = mp_get_uvarint(p, end, &kl)) == NULL || kl > (uint64_t)(end - p)) goto bad_list;
-        PyObject *k = PyUnicode_DecodeUTF8(p, (Py_ssize_t)kl, "strict");
-        p += kl;
-        if (k == NULL) {
+        mp_entry e;
+        if (!next_entry(&p, end, &e)) {
             Py_DECREF(list);
-            return NULL;
+            return malformed_page();
         }
-        if ((p = mp_get_uvarint(p, end, &vl)) == NULL || vl > (uint64_t)(end - p)) {
-            Py_DECREF(k);
-            goto bad_list;
-        }
-        PyObject *v = PyBytes_FromStringAndSize(p, (Py_ssize_t)vl);
-        p += vl;
-        if (v == NULL) {
-            Py_DECREF(k);
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyObject *t = PyTuple_New(2);
+        PyObject *k = PyUnicode_DecodeUTF8(e.key, (Py_ssize_t)e.key_len, "surrogatepass");
+        PyObject *v = e.val ? PyBytes_FromStringAndSize(e.val, (Py_ssize_t)e.val_len) : Py_NewRef(Py_None);
+        PyObject *t = (k && v) ? PyTuple_Pack(2, k, v) : NULL;
+        Py_XDECREF(k);
+        Py_XDECREF(v);
         if (t == NULL) {
-            Py_DECREF(k);
-            Py_DECREF(v);
             Py_DECREF(list);
             return NULL;
         }
-        PyTuple_SET_ITEM(t, 0, k);
-        PyTuple_SET_ITEM(t, 1, v);
         PyList_SET_ITEM(list, (Py_ssize_t)i, t);
     }
     return list;
-bad_list:
-    Py_DECREF(list);
-bad:
-    PyErr_SetString(PyExc_RuntimeError, "millpond._core: malformed page from the Go core");
-    return NULL;
+}
+
+// Builds live objects from a packed page: for every key not in live and not
+// in skip, live[key] = builder(loads(value)). Doing this loop in C keeps a
+// restore's per-key cost to the unpickling and the builder themselves.
+static Py_ssize_t hydrate_page(const char *buf, size_t len, PyObject *live, PyObject *skip, PyObject *builder,
+                               PyObject *loads) {
+    const char *p = buf, *end = buf + len;
+    uint64_t n;
+    if ((p = mp_get_uvarint(p, end, &n)) == NULL || n > len) {
+        malformed_page();
+        return -1;
+    }
+    Py_ssize_t built = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        mp_entry e;
+        if (!next_entry(&p, end, &e)) {
+            malformed_page();
+            return -1;
+        }
+        if (e.val == NULL) continue;
+        PyObject *k = PyUnicode_DecodeUTF8(e.key, (Py_ssize_t)e.key_len, "surrogatepass");
+        if (k == NULL) return -1;
+        int present = PyDict_Contains(live, k);
+        if (present == 0) present = PySet_Contains(skip, k);
+        if (present != 0) {
+            Py_DECREF(k);
+            if (present < 0) return -1;
+            continue;
+        }
+        PyObject *v = PyBytes_FromStringAndSize(e.val, (Py_ssize_t)e.val_len);
+        PyObject *state = v ? PyObject_CallOneArg(loads, v) : NULL;
+        Py_XDECREF(v);
+        PyObject *obj = state ? PyObject_CallOneArg(builder, state) : NULL;
+        Py_XDECREF(state);
+        if (obj == NULL || PyDict_SetItem(live, k, obj) < 0) {
+            Py_XDECREF(obj);
+            Py_DECREF(k);
+            return -1;
+        }
+        Py_DECREF(obj);
+        Py_DECREF(k);
+        built++;
+    }
+    return built;
+}
+
+static PyObject *scan_hydrate(PyObject *self, PyObject *args) {
+    unsigned long long h;
+    PyObject *live, *skip, *builder, *loads;
+    if (!PyArg_ParseTuple(args, "KO!O!OO", &h, &PyDict_Type, &live, &PySet_Type, &skip, &builder, &loads)) return NULL;
+    char *out = NULL, *msg = NULL;
+    size_t len = 0;
+    int kind = 0;
+    Py_BEGIN_ALLOW_THREADS
+    kind = mp_scan_next(h, &out, &len, &kind, &msg);
+    Py_END_ALLOW_THREADS
+    if (kind) return mp_raise(kind, msg);
+    if (out == NULL) Py_RETURN_NONE;
+    Py_ssize_t built = hydrate_page(out, len, live, skip, builder, loads);
+    free(out);
+    if (built < 0) return NULL;
+    return PyLong_FromSsize_t(built);
 }
 
 static PyObject *scan_next(PyObject *self, PyObject *args) {
@@ -364,6 +444,8 @@ static PyMethodDef methods[] = {
     {"scan_open", scan_open, METH_VARARGS, "scan_open(handle, step_id, chunk_rows) -> scan handle"},
     {"scan_next", scan_next, METH_VARARGS, "scan_next(scan) -> list[(key, bytes)] | None at the end"},
     {"scan_close", scan_close, METH_VARARGS, "scan_close(scan)"},
+    {"scan_hydrate", scan_hydrate, METH_VARARGS,
+     "scan_hydrate(scan, live: dict, skip: set, builder, loads) -> objects built from the next page | None at the end"},
     MP_EXTRA_METHODS
     {NULL, NULL, 0, NULL},
 };

@@ -35,14 +35,10 @@ func newScanner(s *localstore.Store, step string, chunk int) *scanner {
 		opts := snapfile.ScanOptions{StepID: step, ChunkRows: chunk}
 		var cur snapfile.Cursor
 		for {
-			rows, next, done, err := s.ScanPage(ctx, opts, cur)
-			var page scanPage
-			if err != nil {
-				page.err = err
-			} else if len(rows) > 0 {
-				page.packed = packKV(rows)
-			}
-			if err != nil || len(rows) > 0 {
+			packed, next, done, err := s.ScanPagePacked(ctx, opts, cur)
+			page := scanPage{packed: packed, err: err}
+			// An empty page packs to the single byte of its zero count.
+			if err != nil || len(packed) > 1 {
 				select {
 				case sc.pages <- page:
 				case <-ctx.Done():
@@ -68,7 +64,9 @@ func mp_scan_open(h C.uintptr_t, step *C.char, chunk C.int, out *C.uintptr_t, er
 	return 0
 }
 
-// mp_scan_next returns the next page (malloc'd, packKV format) or *outLen ==
+// mp_scan_next returns the next page (malloc'd, snapfile's packed page
+// format: uvarint count, then per key uvarint(len) key, uvarint epoch,
+// uvarint tag, value) or *outLen ==
 // 0 with *out == NULL at the end.
 //
 //export mp_scan_next

@@ -8,7 +8,6 @@ import "C"
 
 import (
 	"context"
-	"encoding/binary"
 	"unsafe"
 
 	"github.com/millpond/millpond/gostore/localstore"
@@ -171,23 +170,5 @@ func mp_store_delete_from(h C.uintptr_t, epoch C.longlong, removed *C.longlong, 
 	}
 	*removed = C.longlong(n)
 	return 0
-}
-
-// packKV encodes rows as the scan chunk format module.c decodes:
-// uvarint(count) { uvarint(len) key | uvarint(len) value }*.
-func packKV(rows []rowbatch.Row) []byte {
-	size := binary.MaxVarintLen64
-	for i := range rows {
-		size += 2*binary.MaxVarintLen64 + len(rows[i].Key) + len(rows[i].Value)
-	}
-	b := make([]byte, 0, size)
-	b = binary.AppendUvarint(b, uint64(len(rows)))
-	for i := range rows {
-		b = binary.AppendUvarint(b, uint64(len(rows[i].Key)))
-		b = append(b, rows[i].Key...)
-		b = binary.AppendUvarint(b, uint64(len(rows[i].Value)))
-		b = append(b, rows[i].Value...)
-	}
-	return b
 }
 

@@ -25,10 +25,11 @@ import (
 // key-group count.
 var ErrForeign = errors.New("local store belongs to another flow")
 
-// ErrLayoutChanged is wrapped when the store on disk was written by a
-// different worker layout (index or count): its rows are not this worker's
-// and it must be rebuilt from the durable store.
-var ErrLayoutChanged = errors.New("local store was written for another worker layout")
+// ErrLayoutChanged is wrapped when the store on disk cannot serve this
+// open: it was written by a different worker layout (index or count), or
+// it no longer holds the rows of the requested resume epoch. It must be
+// rebuilt from the durable store.
+var ErrLayoutChanged = errors.New("local store cannot serve this resume")
 
 // Config names a worker's local store.
 type Config struct {
@@ -134,6 +135,11 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 		f.Close()
 		return nil, err
 	}
+	if resumeEpoch > 0 && resumeEpoch <= got.GCEpoch {
+		f.Close()
+		return nil, fmt.Errorf("%w: cannot resume %s at epoch %d: superseded rows up to committed epoch %d were garbage-collected; rebuild it from the durable store",
+			ErrLayoutChanged, path, resumeEpoch, got.GCEpoch)
+	}
 	if resumeEpoch > 0 {
 		if _, err := f.DeleteFrom(ctx, resumeEpoch); err != nil {
 			f.Close()
@@ -212,6 +218,9 @@ func (s *Store) Write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 	if s.file == nil {
 		return 0, errClosed
 	}
+	if m := s.file.Meta(); epoch < 1 || epoch < m.LastEpoch {
+		return 0, fmt.Errorf("write to %s at epoch %d: epochs start at 1 and never go back (last written: %d)", s.file.Path(), epoch, m.LastEpoch)
+	}
 	for i := range rows {
 		rows[i].Epoch = epoch
 	}
@@ -246,6 +255,17 @@ func (s *Store) ScanPage(ctx context.Context, o snapfile.ScanOptions, cur snapfi
 		return nil, cur, true, errClosed
 	}
 	return s.file.ScanPage(ctx, o, cur)
+}
+
+// ScanPagePacked is ScanPage returning the page packed; see
+// snapfile.File.ScanPagePacked.
+func (s *Store) ScanPagePacked(ctx context.Context, o snapfile.ScanOptions, cur snapfile.Cursor) ([]byte, snapfile.Cursor, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return nil, cur, true, errClosed
+	}
+	return s.file.ScanPagePacked(ctx, o, cur)
 }
 
 // Steps lists the step ids with rows.

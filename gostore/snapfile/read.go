@@ -53,18 +53,98 @@ type ScanOptions struct {
 	ChunkRows int
 }
 
-// Cursor marks where a paged scan stopped: the last (step, key) returned.
-// The zero Cursor starts at the beginning.
+// Cursor marks where a paged scan stopped. The zero Cursor starts at the
+// beginning; a Cursor with After set continues after (StepID, Key).
 type Cursor struct {
 	StepID, Key string
+	After       bool
 }
 
-// ScanPage returns up to o.ChunkRows keys after cur, with the newest row per
-// (step, key) matching o, in (step, key) order, and the cursor to continue
-// from. done is true when nothing follows. Each page is its own query, so a
-// paged scan holds no statement open between pages and other calls on the
-// file can run in between.
+// ScanPage returns the newest row per (step, key) matching o for the keys
+// after cur, in (step, key) order, reading about o.ChunkRows rows, and the
+// cursor to continue from. done is true when nothing follows. Each page is
+// its own short query, so a paged scan holds no statement open between
+// pages and other calls on the file can run in between.
 func (f *File) ScanPage(ctx context.Context, o ScanOptions, cur Cursor) (rows []rowbatch.Row, next Cursor, done bool, err error) {
+	p, step, next, done, err := f.scanPage(ctx, o, cur)
+	if err != nil || p == nil {
+		return nil, next, done, err
+	}
+	rows = make([]rowbatch.Row, 0, len(p.starts))
+	for i := range p.starts {
+		key, epoch, val, deleted := p.entry(i)
+		if deleted && !o.IncludeDeleted {
+			continue
+		}
+		if !deleted {
+			val = append(make([]byte, 0, len(val)), val...)
+		}
+		rows = append(rows, rowbatch.Row{StepID: step, Key: string(key), Epoch: epoch, Value: val, Deleted: deleted})
+	}
+	return rows, next, done, nil
+}
+
+// ScanPagePacked is ScanPage returning the page in its packed form (see
+// Page) without building a Row per key: the fast path for restores that
+// hand the bytes straight to another language. Deletions are included
+// only with o.IncludeDeleted.
+func (f *File) ScanPagePacked(ctx context.Context, o ScanOptions, cur Cursor) (packed []byte, next Cursor, done bool, err error) {
+	p, _, next, done, err := f.scanPage(ctx, o, cur)
+	if err != nil || p == nil {
+		return nil, next, done, err
+	}
+	return p.pack(o.IncludeDeleted), next, done, nil
+}
+
+func (f *File) scanPage(ctx context.Context, o ScanOptions, cur Cursor) (p *page, step string, next Cursor, done bool, err error) {
+	step = o.StepID
+	if step == "" {
+		// Walk the steps one after another; each is paged by key.
+		step, err = f.stepAtOrAfter(ctx, cur.StepID)
+		if err != nil || step == "" {
+			return nil, "", cur, true, err
+		}
+		if step != cur.StepID {
+			cur = Cursor{StepID: step}
+		}
+	}
+	p, lastKey, full, err := f.scanStepPage(ctx, o, step, cur)
+	if err != nil {
+		return nil, "", cur, false, err
+	}
+	if full {
+		return p, step, Cursor{StepID: step, Key: lastKey, After: true}, false, nil
+	}
+	if o.StepID != "" {
+		return p, step, Cursor{StepID: step, Key: lastKey, After: true}, true, nil
+	}
+	// This step is finished; the next page starts at the following step.
+	nextStep, err := f.stepAtOrAfter(ctx, step+"\x00")
+	if err != nil {
+		return nil, "", cur, false, err
+	}
+	return p, step, Cursor{StepID: nextStep}, nextStep == "", nil
+}
+
+// stepAtOrAfter returns the smallest step id >= from, or "" if none.
+func (f *File) stepAtOrAfter(ctx context.Context, from string) (string, error) {
+	var step sql.NullString
+	if err := f.db.QueryRowContext(ctx, `SELECT min(step_id) FROM snaps WHERE step_id >= ?`, from).Scan(&step); err != nil {
+		return "", fmt.Errorf("scan %s: %w", f.path, err)
+	}
+	return step.String, nil
+}
+
+// scanStepPage reads up to a page of rows of one step after key after and
+// keeps the newest row per key. full reports that the page limit was hit:
+// the rows of the last key read may continue in the next page, so that key
+// is left for it.
+func (f *File) scanStepPage(ctx context.Context, o ScanOptions, step string, cur Cursor) (p *page, lastKey string, full bool, err error) {
+	after := cur.Key
+	cmp := ">="
+	if cur.After {
+		cmp = ">"
+	}
 	before := o.Before
 	if before <= 0 {
 		before = math.MaxInt64
@@ -73,50 +153,63 @@ func (f *File) ScanPage(ctx context.Context, o ScanOptions, cur Cursor) (rows []
 	if limit <= 0 {
 		limit = 4096
 	}
-	// With a single max() aggregate, SQLite takes the bare columns from the
-	// row holding the maximum: the newest row of each key.
-	q := `SELECT step_id, state_key, max(epoch), value, value IS NULL FROM snaps
-		WHERE (step_id, state_key) > (?, ?) AND epoch < ?`
-	args := []any{cur.StepID, cur.Key, before}
-	if o.StepID != "" {
-		q += ` AND step_id = ?`
-		args = append(args, o.StepID)
-	}
+	q := `SELECT state_key, epoch, value, value IS NULL FROM snaps
+		WHERE step_id = ? AND state_key ` + cmp + ` ? AND epoch < ?`
+	args := []any{step, after, before}
 	if o.Groups != nil {
 		q += ` AND key_group >= ? AND key_group < ?`
 		args = append(args, o.Groups.Lo, o.Groups.Hi)
 	}
-	q += ` GROUP BY step_id, state_key ORDER BY step_id, state_key LIMIT ?`
+	q += ` ORDER BY state_key, epoch LIMIT ?`
 	args = append(args, limit)
 	res, err := f.db.QueryContext(ctx, q, args...)
 	if err != nil {
-		return nil, cur, false, fmt.Errorf("scan %s: %w", f.path, err)
+		return nil, after, false, fmt.Errorf("scan %s: %w", f.path, err)
 	}
 	defer res.Close()
-	rows = make([]rowbatch.Row, 0, min(limit, 4096))
-	seen := 0
+
+	p = &page{}
+	var k, v sql.RawBytes
+	var epoch int64
+	var deleted bool
+	read := 0
 	for res.Next() {
-		var r rowbatch.Row
-		var val []byte
-		if err := res.Scan(&r.StepID, &r.Key, &r.Epoch, &val, &r.Deleted); err != nil {
-			return nil, cur, false, fmt.Errorf("scan %s: %w", f.path, err)
+		read++
+		if err := res.Scan(&k, &epoch, &v, &deleted); err != nil {
+			return nil, after, false, fmt.Errorf("scan %s: %w", f.path, err)
 		}
-		seen++
-		cur = Cursor{StepID: r.StepID, Key: r.Key}
-		if r.Deleted {
-			if !o.IncludeDeleted {
-				continue
-			}
-		} else if val == nil {
-			val = []byte{}
+		// Versions of one key are adjacent, oldest first: each replaces the
+		// previous, so only the newest stays.
+		if n := len(p.starts); n > 0 && string(p.key(n-1)) == string(k) {
+			p.dropLast()
 		}
-		r.Value = val
-		rows = append(rows, r)
+		p.add(k, epoch, v, deleted)
 	}
 	if err := res.Err(); err != nil {
-		return nil, cur, false, fmt.Errorf("scan %s: %w", f.path, err)
+		return nil, after, false, fmt.Errorf("scan %s: %w", f.path, err)
 	}
-	return rows, cur, seen < limit, nil
+	// The rows read, not the keys kept, tell whether the page was cut short.
+	full = read == limit
+	if full && len(p.starts) > 1 {
+		p.dropLast() // its newer versions may be on the next page
+	} else if full {
+		// One key with a page worth of versions: ask for its newest directly.
+		key := string(p.key(0))
+		r, found, err := f.Get(ctx, step, key, before)
+		if err != nil {
+			return nil, after, false, err
+		}
+		p.dropLast()
+		if found {
+			p.add([]byte(key), r.Epoch, r.Value, r.Deleted)
+		}
+	}
+	if n := len(p.starts); n > 0 {
+		lastKey = string(p.key(n - 1))
+	} else {
+		lastKey = after
+	}
+	return p, lastKey, full, nil
 }
 
 // Scan calls fn with pages of the newest row per (step, key) matching o, in

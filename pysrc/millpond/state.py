@@ -99,6 +99,12 @@ class _LiveState:
         self._check_open()
         if not isinstance(step_id, str) or not step_id:
             raise TypeError(f"step id must be a non-empty str, got {step_id!r}")
+        if "\0" in step_id:
+            raise ValueError(f"step id {step_id!r} may not contain NUL characters")
+        try:
+            step_id.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"step id {step_id!r} is not valid Unicode text (it holds a lone surrogate)") from None
         if not callable(builder):
             raise TypeError(f"builder for step {step_id!r} must be callable, got {builder!r}")
         self._builders[step_id] = builder
@@ -154,8 +160,7 @@ class _LiveState:
             live = self._live[step_id]
         except KeyError:
             raise self._unknown_step(step_id) from None
-        if type(key) is not str:
-            raise self._bad_key(step_id, key)
+        self._check_key(step_id, key)
         if obj is None:
             raise TypeError(f"state of step {step_id!r} key {key!r} is None; use discard() to drop a key")
         live[key] = obj
@@ -168,8 +173,7 @@ class _LiveState:
             live = self._live[step_id]
         except KeyError:
             raise self._unknown_step(step_id) from None
-        if type(key) is not str:
-            raise self._bad_key(step_id, key)
+        self._check_key(step_id, key)
         live.pop(key, None)
         self._deleted[step_id].add(key)
         self._dirty[step_id].add(key)
@@ -252,8 +256,7 @@ class _LiveState:
 
     def _hydrate(self, step_id: str, key: str) -> Optional[Any]:
         """Build the live object of a non-live key from storage, or None."""
-        if type(key) is not str:
-            raise self._bad_key(step_id, key)
+        self._check_key(step_id, key)
         if step_id not in self._maybe_stored or key in self._deleted[step_id]:
             return None
         state = self._load(step_id, key)
@@ -281,6 +284,20 @@ class _LiveState:
             f"step {step_id!r} has no registered builder; call register({step_id!r}, builder) first"
         )
 
+    @classmethod
+    def _check_key(cls, step_id: str, key: Any) -> None:
+        """Refuse keys the store cannot persist; run once per new key."""
+        if type(key) is not str:
+            raise cls._bad_key(step_id, key)
+        if not key.isascii():
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"state key {key!r} of step {step_id!r} is not valid Unicode text "
+                    "(it holds a lone surrogate); decode your input with errors='replace' or key on something else"
+                ) from None
+
     @staticmethod
     def _bad_key(step_id: str, key: Any) -> TypeError:
         return TypeError(
@@ -293,7 +310,8 @@ class MemoryStateStore(_LiveState):
     """State in memory only, with :class:`StateStore`'s methods.
 
     Used when recovery is off: nothing is persisted, and :meth:`snapshot`
-    only checks that the touched objects can be snapshotted and pickled.
+    only forgets which keys were touched (it neither calls ``.snapshot()``
+    nor pickles, so a flow without recovery pays nothing for them).
     """
 
     def snapshot(self, epoch: int) -> int:
@@ -360,7 +378,7 @@ class StateStore(_LiveState):
             )
         if not 0 <= worker_index < worker_count:
             raise ValueError(f"worker_index {worker_index} is out of range for {worker_count} workers")
-        if resume_epoch is not None and resume_epoch < 1:
+        if resume_epoch is not None and (type(resume_epoch) is not int or resume_epoch < 1):
             raise ValueError(f"resume_epoch must be at least 1 (epochs start at 1), got {resume_epoch}")
         directory = Path(local_state_dir)
         try:
@@ -388,6 +406,8 @@ class StateStore(_LiveState):
         nothing of the batch is written.
         """
         handle = self._require_handle()
+        if type(epoch) is not int or epoch < 1:
+            raise ValueError(f"snapshot epoch must be an int of at least 1 (epochs start at 1), got {epoch!r}")
         t0 = time.perf_counter()
         rows = self._collect()
         t1 = time.perf_counter()
@@ -419,15 +439,23 @@ class StateStore(_LiveState):
             return 0
         builder = self._builders[step_id]
         live = self._live[step_id]
-        deleted = self._deleted[step_id]
-        loads = pickle.loads
+        c = core()
+        try:
+            scan = c.scan_open(handle, step_id, chunk_rows)
+        except c.CoreError as exc:
+            raise_core_error(exc)
         count = 0
-        for page in self._pages(handle, step_id, chunk_rows):
-            for key, value in page:
-                if key in live or key in deleted:
-                    continue
-                live[key] = builder(loads(value))
-                count += 1
+        try:
+            while True:
+                try:
+                    built = c.scan_hydrate(scan, live, self._deleted[step_id], builder, pickle.loads)
+                except c.CoreError as exc:
+                    raise_core_error(exc)
+                if built is None:
+                    break
+                count += built
+        finally:
+            c.scan_close(scan)
         # Every stored key is live now; misses need no lookup.
         self._maybe_stored.discard(step_id)
         return count
