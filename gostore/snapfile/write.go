@@ -1,6 +1,7 @@
 package snapfile
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -28,15 +29,7 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 	for i := range rows {
 		newest = max(newest, rows[i].Epoch)
 	}
-	slices.SortStableFunc(rows, func(a, b rowbatch.Row) int {
-		if rowbatch.Less(&a, &b) {
-			return -1
-		}
-		if rowbatch.Less(&b, &a) {
-			return 1
-		}
-		return 0
-	})
+	order := sortedOrder(rows)
 	tx, err := f.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
@@ -52,7 +45,7 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 	for start := 0; start < len(rows); start += rowsPerInsert {
 		end := min(start+rowsPerInsert, len(rows))
 		args = args[:0]
-		for i := start; i < end; i++ {
+		for _, i := range order[start:end] {
 			r := &rows[i]
 			var v any
 			if !r.Deleted {
@@ -84,6 +77,31 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 	f.meta.LastEpoch = newest
 	f.maybeCheckpoint(ctx, rows)
 	return len(rows), nil
+}
+
+// sortedOrder returns the indexes of rows in (step, key, epoch) order, ties
+// in arrival order so that the last of duplicate rows is written last and
+// wins. Sorting indexes rather than the rows moves 4 bytes per swap instead
+// of a whole row.
+func sortedOrder(rows []rowbatch.Row) []int32 {
+	order := make([]int32, len(rows))
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortFunc(order, func(a, b int32) int {
+		ra, rb := &rows[a], &rows[b]
+		if c := strings.Compare(ra.StepID, rb.StepID); c != 0 {
+			return c
+		}
+		if c := strings.Compare(ra.Key, rb.Key); c != 0 {
+			return c
+		}
+		if ra.Epoch != rb.Epoch {
+			return cmp.Compare(ra.Epoch, rb.Epoch)
+		}
+		return cmp.Compare(a, b)
+	})
+	return order
 }
 
 func insertSQL(n int) string {
