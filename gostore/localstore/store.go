@@ -235,6 +235,30 @@ func (s *Store) Write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 	return s.file.Write(ctx, rows)
 }
 
+// Restore writes rows that keep their own epochs (a rebuild from durable
+// segments) and then marks the store as holding every epoch up to
+// through.
+func (s *Store) Restore(ctx context.Context, rows []rowbatch.Row) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return 0, errClosed
+	}
+	return s.file.Write(ctx, rows)
+}
+
+// MarkThrough records that the store holds every row up to epoch.
+func (s *Store) MarkThrough(ctx context.Context, epoch int64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return errClosed
+	}
+	m := s.file.Meta()
+	m.LastEpoch = max(m.LastEpoch, epoch)
+	return s.file.UpdateMeta(ctx, m)
+}
+
 // Get returns the newest row of (step, key); see snapfile.File.Get.
 func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, error) {
 	s.mu.Lock()

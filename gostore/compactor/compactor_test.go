@@ -1,0 +1,110 @@
+package compactor
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/snapfile"
+)
+
+type memWriter struct{ rows []rowbatch.Row }
+
+func (m *memWriter) Write(_ context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
+	for _, r := range rows {
+		r.Epoch = epoch
+		m.rows = append(m.rows, r)
+	}
+	return len(rows), nil
+}
+
+func rows(keys ...string) []rowbatch.Row {
+	out := make([]rowbatch.Row, len(keys))
+	for i, k := range keys {
+		out[i] = rowbatch.Row{StepID: "s", Key: k, Value: []byte(k)}
+	}
+	return out
+}
+
+func meta() snapfile.Meta {
+	return snapfile.Meta{FlowID: "f", WorkerIndex: 0, WorkerCount: 1, KeyGroupCount: 8, Execution: 2}
+}
+
+func TestModes(t *testing.T) {
+	log := []Event{
+		{Epoch: 1, Rows: rows("a", "b")},
+		{Epoch: 1, Rows: rows("c")},
+		{Epoch: 1, Close: true},
+		{Epoch: 2, Close: true}, // an empty epoch
+		{Epoch: 3, Rows: rows("a")},
+		{Epoch: 3, Close: true},
+	}
+	cases := []struct {
+		mode     Mode
+		segments []int64 // rows per emitted segment
+		epochs   []int64
+	}{
+		{Batch, []int64{3, 1}, []int64{1, 3}},
+		{Immediate, []int64{2, 1, 1}, []int64{1, 1, 3}},
+	}
+	for _, c := range cases {
+		t.Run(c.mode.String(), func(t *testing.T) {
+			ctx := context.Background()
+			var got []Segment
+			comp, err := New(Config{Mode: c.mode, Dir: t.TempDir(), Meta: meta(),
+				Emit: func(s Segment) error { got = append(got, s); return nil }})
+			require.NoError(t, err)
+			for _, ev := range log {
+				require.NoError(t, comp.Apply(ctx, ev))
+			}
+			require.NoError(t, comp.Close())
+			require.Len(t, got, len(c.segments))
+			for i, s := range got {
+				assert.Equal(t, c.segments[i], s.Rows)
+				assert.Equal(t, int64(i), s.Seq)
+				f, err := snapfile.Open(ctx, s.Path, snapfile.Options{Segment: true})
+				require.NoError(t, err, "a finished segment is sealed and readable")
+				m := f.Meta()
+				assert.Equal(t, snapfile.KindSegment, m.Kind)
+				assert.Equal(t, c.epochs[i], m.FirstEpoch)
+				assert.Equal(t, c.epochs[i], m.LastEpoch)
+				assert.Equal(t, int64(2), m.Execution)
+				st, err := f.Stats(ctx)
+				require.NoError(t, err)
+				assert.Equal(t, s.Rows, st.Rows)
+				require.NoError(t, f.Close())
+			}
+		})
+	}
+}
+
+func TestRetainedWritesThrough(t *testing.T) {
+	w := &memWriter{}
+	comp, err := New(Config{Mode: Retained, Target: w})
+	require.NoError(t, err)
+	require.NoError(t, comp.Apply(context.Background(), Event{Epoch: 4, Rows: rows("x")}))
+	require.NoError(t, comp.Apply(context.Background(), Event{Epoch: 4, Close: true}))
+	require.Len(t, w.rows, 1)
+	assert.Equal(t, int64(4), w.rows[0].Epoch)
+}
+
+func TestCloseDiscardsUnfinishedSegment(t *testing.T) {
+	dir := t.TempDir()
+	comp, err := New(Config{Mode: Batch, Dir: dir, Meta: meta(), Emit: func(Segment) error { return nil }})
+	require.NoError(t, err)
+	require.NoError(t, comp.Apply(context.Background(), Event{Epoch: 1, Rows: rows("a")}))
+	require.NoError(t, comp.Close())
+	left, _ := filepath.Glob(filepath.Join(dir, "*"))
+	assert.Empty(t, left)
+}
+
+func TestConfigErrors(t *testing.T) {
+	_, err := New(Config{Mode: Retained})
+	require.ErrorContains(t, err, "target")
+	_, err = New(Config{Mode: Batch})
+	require.ErrorContains(t, err, "directory")
+}

@@ -1,0 +1,66 @@
+// Package durable is the durable half of recovery: it ships finished
+// segments to a backup, writes commit records once every worker's segments
+// of an epoch are uploaded, computes the resume point from the backup
+// alone, rebuilds local stores from it, and keeps it bounded by compaction
+// and garbage collection.
+//
+// Everything of a flow lives under the key prefix "<flow_id>/":
+//
+//	<flow>/executions/<exec>.json           one per run, written before it processes anything
+//	<flow>/segments/<exec>/w<worker>-e<epoch>-s<seq>.sqlite   a worker's rows of one epoch (or batch)
+//	<flow>/compacted/<epoch>-x<exec>-w<worker>of<count>.sqlite  a worker's whole state at an epoch
+//	<flow>/commits/<epoch>.json             the objects that make up the state at a committed epoch
+//
+// A commit record names every object of its state with its checksum, row
+// count, epochs and key-group range, so a reader needs nothing but the
+// newest record, and compaction switches state atomically by writing a
+// record that names the compacted objects instead of the segments.
+package durable
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Key prefixes inside a flow's namespace.
+const (
+	executionsDir = "executions/"
+	segmentsDir   = "segments/"
+	compactedDir  = "compacted/"
+	commitsDir    = "commits/"
+)
+
+func flowPrefix(flow string) string { return flow + "/" }
+
+func executionKey(flow string, exec int64) string {
+	return fmt.Sprintf("%s%s%06d.json", flowPrefix(flow), executionsDir, exec)
+}
+
+func commitKey(flow string, epoch int64) string {
+	return fmt.Sprintf("%s%s%010d.json", flowPrefix(flow), commitsDir, epoch)
+}
+
+func segmentKey(flow string, exec int64, worker int, epoch, seq int64) string {
+	return fmt.Sprintf("%s%s%06d/w%04d-e%010d-s%06d.sqlite", flowPrefix(flow), segmentsDir, exec, worker, epoch, seq)
+}
+
+func compactedKey(flow string, epoch, exec int64, worker, count int) string {
+	return fmt.Sprintf("%s%s%010d-x%06d-w%04dof%04d.sqlite", flowPrefix(flow), compactedDir, epoch, exec, worker, count)
+}
+
+// numberAfter parses the decimal number that starts a key's base name
+// under dir ("<flow>/commits/0000000012.json" -> 12).
+func numberAfter(key, dir string) (int64, bool) {
+	i := strings.Index(key, "/"+dir)
+	if i < 0 {
+		return 0, false
+	}
+	base := key[i+1+len(dir):]
+	end := strings.IndexAny(base, ".-")
+	if end <= 0 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(base[:end], 10, 64)
+	return n, err == nil
+}

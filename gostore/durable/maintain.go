@@ -1,0 +1,252 @@
+package durable
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/millpond/millpond/gostore/keygroup"
+	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/snapfile"
+)
+
+// compaction is compacted state waiting to replace the segments it covers
+// in the next commit record.
+type compaction struct {
+	epoch   int64
+	objects []ObjectRef
+}
+
+// runMaintenance collects garbage and compacts after commits, off the path
+// of the flow and of the commits themselves.
+func (r *Run) runMaintenance() {
+	defer r.wg.Done()
+	for committed := range r.maint {
+		r.maintain(committed)
+	}
+}
+
+// maintain runs the background work due after epoch committed: local GC,
+// durable compaction when segments outgrew the compacted state, and
+// durable GC of objects no retained commit names. A failure here never
+// touches committed state; it is logged and retried after the next commit.
+func (r *Run) maintain(committed int64) {
+	ctx := context.Background()
+	for w, s := range r.stores {
+		if _, err := s.GC(ctx, committed); err != nil {
+			r.cfg.Logger.Warn("local gc failed", "worker", w, "err", err)
+		}
+	}
+	if r.compactionDue() {
+		if err := r.compact(ctx, committed); err != nil {
+			r.cfg.Logger.Warn("durable compaction failed; will retry", "epoch", committed, "err", err)
+		}
+	}
+	if err := r.collectGarbage(ctx); err != nil {
+		r.cfg.Logger.Warn("durable gc failed; will retry", "err", err)
+	}
+}
+
+func (r *Run) compactionDue() bool {
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	var seg, comp int64
+	for _, o := range r.record.Objects {
+		if o.Kind == KindCompacted {
+			comp += o.Size
+		} else {
+			seg += o.Size
+		}
+	}
+	return seg >= r.cfg.CompactMinBytes && float64(seg) > r.cfg.CompactRatio*float64(comp)
+}
+
+// compact writes each worker's whole state as of epoch c (newest row per
+// key, deletions dropped: nothing older remains to resurface) into one
+// compacted object per worker, uploads them, and writes a commit record
+// that names them in place of every object up to c. Until that record is
+// written the old record stands, so a crash at any point leaves correct,
+// readable state.
+func (r *Run) compact(ctx context.Context, c int64) error {
+	var objs []ObjectRef
+	for w, s := range r.stores {
+		dir := filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "compact")
+		os.RemoveAll(dir)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		ref, err := r.compactWorker(ctx, w, s, dir, c)
+		os.RemoveAll(dir)
+		if err != nil {
+			return err
+		}
+		objs = append(objs, ref)
+	}
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	rec := r.record
+	keep := append([]ObjectRef{}, objs...)
+	for _, o := range rec.Objects {
+		if o.LastEpoch > c {
+			keep = append(keep, o)
+		}
+	}
+	sortObjects(keep)
+	rec.Objects = keep
+	rec.Execution = r.execution
+	if err := writeCommit(ctx, r.cfg.Backup, rec); err != nil {
+		return fmt.Errorf("write compacted commit record of epoch %d: %w", rec.Epoch, err)
+	}
+	r.record = rec
+	r.mu.Lock()
+	r.metrics.Compactions++
+	r.mu.Unlock()
+	r.cfg.Logger.Info("durable state compacted", "flow", r.cfg.FlowID, "epoch", c, "objects", len(keep))
+	return nil
+}
+
+func (r *Run) compactWorker(ctx context.Context, w int, s interface {
+	ScanPage(context.Context, snapfile.ScanOptions, snapfile.Cursor) ([]rowbatch.Row, snapfile.Cursor, bool, error)
+}, dir string, c int64) (ObjectRef, error) {
+	path := filepath.Join(dir, "compacted.sqlite")
+	meta := snapfile.Meta{
+		FlowID: r.cfg.FlowID, Kind: snapfile.KindCompacted, WorkerIndex: w, WorkerCount: r.cfg.WorkerCount,
+		KeyGroupCount: r.cfg.KeyGroupCount, Execution: r.execution, LastEpoch: c,
+	}
+	f, err := snapfile.Create(ctx, path, meta, snapfile.Options{Segment: true})
+	if err != nil {
+		return ObjectRef{}, err
+	}
+	var rows int64
+	var cur snapfile.Cursor
+	for {
+		page, next, done, err := s.ScanPage(ctx, snapfile.ScanOptions{Before: c + 1, ChunkRows: 8192}, cur)
+		if err != nil {
+			f.Close()
+			return ObjectRef{}, err
+		}
+		if len(page) > 0 {
+			n, err := f.Write(ctx, page)
+			if err != nil {
+				f.Close()
+				return ObjectRef{}, err
+			}
+			rows += int64(n)
+		}
+		if done {
+			break
+		}
+		cur = next
+	}
+	// Write advanced LastEpoch to the newest row; the object stands for c.
+	m := f.Meta()
+	m.LastEpoch = c
+	if err := f.UpdateMeta(ctx, m); err != nil {
+		f.Close()
+		return ObjectRef{}, err
+	}
+	if err := f.Seal(); err != nil {
+		return ObjectRef{}, err
+	}
+	sum, size, err := fileSHA256(path)
+	if err != nil {
+		return ObjectRef{}, err
+	}
+	rng := keygroup.OwnedBy(w, r.cfg.WorkerCount, r.cfg.KeyGroupCount)
+	ref := ObjectRef{
+		Key: compactedKey(r.cfg.FlowID, c, r.execution, w, r.cfg.WorkerCount), Kind: KindCompacted,
+		Execution: r.execution, Worker: w, WorkerCount: r.cfg.WorkerCount, GroupLo: rng.Lo, GroupHi: rng.Hi,
+		LastEpoch: c, Rows: rows, Size: size, SHA256: sum,
+	}
+	if err := r.cfg.Backup.Upload(ctx, path, ref.Key); err != nil {
+		return ObjectRef{}, fmt.Errorf("upload compacted %s: %w", ref.Key, err)
+	}
+	return ref, nil
+}
+
+// collectGarbage deletes commit records older than the retention window
+// (always keeping the newest) and then every segment or compacted object
+// that no remaining record names and whose epochs are all committed. It
+// deletes records before objects, so a crash in between leaves only
+// unreferenced objects for the next round.
+func (r *Run) collectGarbage(ctx context.Context) error {
+	b := r.cfg.Backup
+	flow := r.cfg.FlowID
+	r.commitMu.Lock()
+	newest := r.record
+	r.commitMu.Unlock()
+	if newest.Epoch == 0 {
+		return nil
+	}
+	list, err := b.List(ctx, flowPrefix(flow)+commitsDir)
+	if err != nil {
+		return err
+	}
+	referenced := map[string]bool{}
+	for _, o := range newest.Objects {
+		referenced[o.Key] = true
+	}
+	cutoff := newest.Epoch - int64(r.cfg.RetainEpochs)
+	for _, o := range list {
+		e, ok := numberAfter(o.Key, commitsDir)
+		if !ok || e == newest.Epoch {
+			continue
+		}
+		if e <= cutoff {
+			if err := b.Delete(ctx, o.Key); err != nil {
+				return err
+			}
+			r.countDeleted()
+			continue
+		}
+		rec, err := readCommit(ctx, b, flow, e)
+		if err != nil {
+			// A damaged old record protects nothing; keep its objects out
+			// of caution only if it can be read.
+			r.cfg.Logger.Warn("unreadable commit record kept out of gc", "key", o.Key, "err", err)
+			continue
+		}
+		for _, ref := range rec.Objects {
+			referenced[ref.Key] = true
+		}
+	}
+	for _, dir := range []string{segmentsDir, compactedDir} {
+		objs, err := b.List(ctx, flowPrefix(flow)+dir)
+		if err != nil {
+			return err
+		}
+		for _, o := range objs {
+			if referenced[o.Key] {
+				continue
+			}
+			if e, ok := objectEpoch(o.Key); !ok || e > newest.Epoch {
+				continue // not ours to judge, or still in flight
+			}
+			if err := b.Delete(ctx, o.Key); err != nil {
+				return err
+			}
+			r.countDeleted()
+		}
+	}
+	return nil
+}
+
+func (r *Run) countDeleted() {
+	r.mu.Lock()
+	r.metrics.ObjectsDeleted++
+	r.mu.Unlock()
+}
+
+// objectEpoch reads the newest epoch from a segment or compacted key.
+func objectEpoch(key string) (int64, bool) {
+	if i := strings.LastIndex(key, "-e"); i >= 0 && strings.Contains(key, "/"+segmentsDir) {
+		var e int64
+		if _, err := fmt.Sscanf(key[i+2:], "%010d", &e); err == nil {
+			return e, true
+		}
+		return 0, false
+	}
+	return numberAfter(key, compactedDir)
+}

@@ -1,0 +1,187 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/millpond/millpond/gostore/keygroup"
+	"github.com/millpond/millpond/gostore/localstore"
+	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/snapfile"
+)
+
+// Resume kinds.
+const (
+	ResumeFresh = "fresh" // nothing committed: start at epoch 1
+	ResumeFast  = "fast"  // the local store was current: read locally
+	ResumeFull  = "full"  // rebuilt from the durable store
+)
+
+// RestoreInfo says how a worker's state came back.
+type RestoreInfo struct {
+	Kind    string
+	Reason  string
+	Objects int
+	Bytes   int64
+	Rows    int64
+	Seconds float64
+}
+
+// Progress counts a full resume's downloads, for progress bars. All fields
+// are updated atomically.
+type Progress struct {
+	ObjectsTotal atomic.Int64
+	ObjectsDone  atomic.Int64
+	BytesTotal   atomic.Int64
+	BytesDone    atomic.Int64
+	RowsRestored atomic.Int64
+}
+
+// Progress returns the run's restore counters.
+func (r *Run) Progress() *Progress { return &r.progress }
+
+// Restore opens worker w's local store at the resume epoch: as it is when
+// it is current (fast resume), rebuilt from the durable store otherwise
+// (full resume: a missing, stale, damaged or differently laid out store).
+func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
+	start := time.Now()
+	cfg := localstore.Config{
+		Dir: r.cfg.LocalDir, FlowID: r.cfg.FlowID, WorkerIndex: w, WorkerCount: r.cfg.WorkerCount,
+		KeyGroupCount: r.cfg.KeyGroupCount, Execution: r.execution,
+	}
+	committed := r.state.Commit.Epoch
+	info := RestoreInfo{Kind: ResumeFull}
+	if committed == 0 {
+		info.Kind, info.Reason = ResumeFresh, "nothing committed yet"
+	} else if meta, err := localstore.Inspect(ctx, r.cfg.LocalDir, r.cfg.FlowID, w); err != nil {
+		info.Reason = fmt.Sprintf("no usable local store (%v)", err)
+		if errors.Is(err, os.ErrNotExist) {
+			info.Reason = "no local store"
+		}
+	} else {
+		switch {
+		case meta.FlowID != r.cfg.FlowID || meta.KeyGroupCount != r.cfg.KeyGroupCount:
+			info.Reason = "local store belongs to another flow or key-group count"
+		case meta.WorkerCount != r.cfg.WorkerCount || meta.WorkerIndex != w:
+			info.Reason = fmt.Sprintf("worker count changed from %d to %d", meta.WorkerCount, r.cfg.WorkerCount)
+		case meta.LastEpoch < committed:
+			info.Reason = fmt.Sprintf("local store holds epochs up to %d, committed is %d", meta.LastEpoch, committed)
+		case meta.GCEpoch > committed:
+			info.Reason = fmt.Sprintf("local store was collected up to epoch %d, past the committed %d", meta.GCEpoch, committed)
+		default:
+			info.Kind, info.Reason = ResumeFast, "local store is current"
+		}
+	}
+	if info.Kind != ResumeFast {
+		if err := localstore.Remove(r.cfg.LocalDir, r.cfg.FlowID, w); err != nil {
+			return info, err
+		}
+	}
+	store, err := localstore.Open(ctx, cfg, r.resume)
+	if err != nil {
+		return info, err
+	}
+	if info.Kind == ResumeFull {
+		if err := r.rebuild(ctx, w, store, &info); err != nil {
+			store.Close()
+			localstore.Remove(r.cfg.LocalDir, r.cfg.FlowID, w)
+			return info, err
+		}
+	}
+	if st, err := store.Stats(ctx); err == nil {
+		info.Rows = st.Rows - st.Deletions
+	}
+	info.Seconds = time.Since(start).Seconds()
+	r.stores[w] = store
+	r.restores[w] = info
+	r.cfg.Logger.Info("worker restored", "flow", r.cfg.FlowID, "worker", w, "kind", info.Kind,
+		"reason", info.Reason, "objects", info.Objects, "bytes", info.Bytes, "seconds", info.Seconds)
+	return info, nil
+}
+
+// rebuild fills a fresh local store with the rows of worker w's key groups
+// from every object of the newest commit.
+func (r *Run) rebuild(ctx context.Context, w int, store *localstore.Store, info *RestoreInfo) error {
+	owned := keygroup.OwnedBy(w, r.cfg.WorkerCount, r.cfg.KeyGroupCount)
+	var objs []ObjectRef
+	for _, o := range r.state.Commit.Objects {
+		if o.GroupLo < owned.Hi && owned.Lo < o.GroupHi {
+			objs = append(objs, o)
+			r.progress.ObjectsTotal.Add(1)
+			r.progress.BytesTotal.Add(o.Size)
+		}
+	}
+	tmp := filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "restore")
+	os.RemoveAll(tmp)
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	committed := r.state.Commit.Epoch
+	for i, o := range objs {
+		path := filepath.Join(tmp, fmt.Sprintf("%06d.sqlite", i))
+		if err := fetchVerified(ctx, r, o, path); err != nil {
+			return err
+		}
+		n, err := applyObject(ctx, store, o, path, r.cfg, owned, committed)
+		os.Remove(path)
+		if err != nil {
+			return err
+		}
+		info.Objects++
+		info.Bytes += o.Size
+		r.progress.ObjectsDone.Add(1)
+		r.progress.BytesDone.Add(o.Size)
+		r.progress.RowsRestored.Add(n)
+	}
+	if err := store.MarkThrough(ctx, committed); err != nil {
+		return err
+	}
+	// Versions superseded inside the committed range are dead already.
+	_, err := store.GC(ctx, committed)
+	return err
+}
+
+// fetchVerified downloads an object and checks its size and checksum.
+func fetchVerified(ctx context.Context, r *Run, o ObjectRef, path string) error {
+	if err := r.cfg.Backup.Download(ctx, o.Key, path); err != nil {
+		return fmt.Errorf("download %s from %s: %w", o.Key, r.cfg.Backup, err)
+	}
+	sum, size, err := fileSHA256(path)
+	if err != nil {
+		return err
+	}
+	if size != o.Size || sum != o.SHA256 {
+		return fmt.Errorf("%w: %s: expected %d bytes with sha256 %s, got %d bytes with %s", ErrCorrupt, o.Key, o.Size, o.SHA256, size, sum)
+	}
+	return nil
+}
+
+// applyObject copies the rows of owned key groups from a downloaded object
+// into the store, keeping their epochs.
+func applyObject(ctx context.Context, store *localstore.Store, o ObjectRef, path string, cfg Config, owned keygroup.Range, committed int64) (int64, error) {
+	f, err := snapfile.Open(ctx, path, snapfile.Options{Segment: true})
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", ErrCorrupt, o.Key, err)
+	}
+	defer f.Close()
+	if m := f.Meta(); m.FlowID != cfg.FlowID || m.KeyGroupCount != cfg.KeyGroupCount {
+		return 0, fmt.Errorf("%w: %s holds flow %q with %d key groups, not %q with %d", ErrCorrupt, o.Key, m.FlowID, m.KeyGroupCount, cfg.FlowID, cfg.KeyGroupCount)
+	}
+	var n int64
+	err = f.Scan(ctx, snapfile.ScanOptions{Groups: &owned, IncludeDeleted: true, Before: committed + 1, ChunkRows: 8192},
+		func(rows []rowbatch.Row) error {
+			w, err := store.Restore(ctx, rows)
+			n += int64(w)
+			return err
+		})
+	if err != nil {
+		return n, fmt.Errorf("restore from %s: %w", o.Key, err)
+	}
+	return n, nil
+}

@@ -1,0 +1,613 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/millpond/millpond/gostore/backup"
+	"github.com/millpond/millpond/gostore/compactor"
+	"github.com/millpond/millpond/gostore/keygroup"
+	"github.com/millpond/millpond/gostore/localstore"
+	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/snapfile"
+)
+
+// SnapshotMode says when finished segments are cut.
+type SnapshotMode int
+
+// The snapshot modes.
+const (
+	// SnapshotBatch cuts one segment per worker per epoch, at the epoch's close.
+	SnapshotBatch SnapshotMode = iota
+	// SnapshotImmediate cuts a segment after every snapshot batch.
+	SnapshotImmediate
+)
+
+func (m SnapshotMode) compactorMode() compactor.Mode {
+	if m == SnapshotImmediate {
+		return compactor.Immediate
+	}
+	return compactor.Batch
+}
+
+// Config sets up a recovery run.
+type Config struct {
+	LocalDir      string
+	FlowID        string
+	WorkerCount   int
+	KeyGroupCount int
+	Backup        backup.Backup
+	Mode          SnapshotMode
+	// MaxEpochsInFlight bounds the epochs closed but not yet committed;
+	// CloseEpoch waits beyond it. Default 4.
+	MaxEpochsInFlight int
+	// RetainEpochs keeps commit records (and the objects they name) of
+	// this many recent epochs for point-in-time restore. Default 10.
+	RetainEpochs int
+	// CompactRatio: compact when the bytes of segments since the last
+	// compaction exceed this multiple of the compacted state. Default 1.
+	CompactRatio float64
+	// CompactMinBytes: never compact below this many segment bytes.
+	// Default 1 MiB.
+	CompactMinBytes int64
+	// UploadWorkers uploads in parallel. Default 4.
+	UploadWorkers int
+	// UploadAttempts per segment before the run fails. Default 5.
+	UploadAttempts int
+	Logger         *slog.Logger
+}
+
+func (c *Config) defaults() error {
+	if c.Backup == nil {
+		return errors.New("recovery needs a backup")
+	}
+	if err := localstore.ValidateFlowID(c.FlowID); err != nil {
+		return err
+	}
+	if err := keygroup.Validate(c.KeyGroupCount, 0, c.WorkerCount); err != nil {
+		return err
+	}
+	if c.MaxEpochsInFlight <= 0 {
+		c.MaxEpochsInFlight = 4
+	}
+	if c.RetainEpochs <= 0 {
+		c.RetainEpochs = 10
+	}
+	if c.CompactRatio <= 0 {
+		c.CompactRatio = 1
+	}
+	if c.CompactMinBytes <= 0 {
+		c.CompactMinBytes = 1 << 20
+	}
+	if c.UploadWorkers <= 0 {
+		c.UploadWorkers = 4
+	}
+	if c.UploadAttempts <= 0 {
+		c.UploadAttempts = 5
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(discard{}, nil))
+	}
+	return nil
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// Run is one execution of a flow with recovery: its workers' local stores,
+// the segment pipeline to the backup, and the commit protocol.
+type Run struct {
+	cfg       Config
+	state     State
+	execution int64
+	resume    int64
+
+	stores   []*localstore.Store
+	restores []RestoreInfo
+	pipes    []*pipe
+	uploads  chan uploadJob
+	maint    chan int64
+
+	mu        sync.Mutex
+	cond      *sync.Cond
+	epochs    map[int64]*epochState
+	committed int64
+	closedAll int64 // newest epoch every worker has closed
+	err       error
+	stopped   bool
+
+	commitMu  sync.Mutex // serializes writes of commit records
+	record    CommitRecord
+
+	progress Progress
+	metrics  Metrics
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type epochState struct {
+	closed   int
+	pending  int
+	objects  []ObjectRef
+	closeAt  time.Time
+	closeSet bool
+}
+
+type uploadJob struct {
+	seg   compactor.Segment
+	ref   ObjectRef
+	epoch int64
+}
+
+// pipe feeds one worker's compactor from a goroutine, so segments are
+// written while the worker goes on with the next epoch.
+type pipe struct {
+	events chan compactor.Event
+	done   chan struct{}
+}
+
+// Open reads the durable state, records a new execution and returns the
+// run. Call Restore for each worker before using its store.
+func Open(ctx context.Context, cfg Config) (*Run, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, fmt.Errorf("open recovery for flow %q: %w", cfg.FlowID, err)
+	}
+	if st, err := os.Stat(cfg.LocalDir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("open recovery for flow %q: local state directory %s does not exist or is not a directory; create it first", cfg.FlowID, cfg.LocalDir)
+	}
+	if c, ok := cfg.Backup.(backup.Checker); ok {
+		if err := c.Check(ctx); err != nil {
+			return nil, fmt.Errorf("open recovery for flow %q: backup %s is not usable: %w", cfg.FlowID, cfg.Backup, err)
+		}
+	}
+	st, err := ReadState(ctx, cfg.Backup, cfg.FlowID)
+	if err != nil {
+		return nil, fmt.Errorf("open recovery for flow %q: %w", cfg.FlowID, err)
+	}
+	if st.Commit.Epoch > 0 && st.Commit.KeyGroupCount != cfg.KeyGroupCount {
+		return nil, fmt.Errorf("open recovery for flow %q: its durable state has %d key groups, not %d; the key-group count is fixed for the life of a flow",
+			cfg.FlowID, st.Commit.KeyGroupCount, cfg.KeyGroupCount)
+	}
+	r := &Run{
+		cfg: cfg, state: st, execution: st.NextExecution(), resume: st.ResumeEpoch(),
+		stores: make([]*localstore.Store, cfg.WorkerCount), restores: make([]RestoreInfo, cfg.WorkerCount),
+		epochs: map[int64]*epochState{}, committed: st.Commit.Epoch, closedAll: st.Commit.Epoch,
+		record: st.Commit,
+	}
+	r.cond = sync.NewCond(&r.mu)
+	if r.record.Epoch == 0 {
+		r.record = CommitRecord{FlowID: cfg.FlowID}
+	}
+	rec := ExecutionRecord{
+		FlowID: cfg.FlowID, Execution: r.execution, ResumeEpoch: r.resume,
+		WorkerCount: cfg.WorkerCount, KeyGroupCount: cfg.KeyGroupCount, StartedUnix: time.Now().Unix(),
+	}
+	if err := RecordExecution(ctx, cfg.Backup, rec); err != nil {
+		return nil, fmt.Errorf("open recovery for flow %q: record execution %d: %w", cfg.FlowID, r.execution, err)
+	}
+	cfg.Logger.Info("execution recorded", "flow", cfg.FlowID, "execution", r.execution, "resume_epoch", r.resume)
+	return r, nil
+}
+
+// Execution is this run's execution number.
+func (r *Run) Execution() int64 { return r.execution }
+
+// ResumeEpoch is the first epoch this run processes.
+func (r *Run) ResumeEpoch() int64 { return r.resume }
+
+// State is the durable state the run started from.
+func (r *Run) State() State { return r.state }
+
+// Store returns worker w's local store (after Restore).
+func (r *Run) Store(w int) *localstore.Store { return r.stores[w] }
+
+// Start launches the background pipeline. Call it after every worker was
+// restored.
+func (r *Run) Start() error {
+	for w, s := range r.stores {
+		if s == nil {
+			return fmt.Errorf("start recovery run: worker %d was not restored", w)
+		}
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.uploads = make(chan uploadJob, 64)
+	r.maint = make(chan int64, 1)
+	for w := range r.stores {
+		p := &pipe{events: make(chan compactor.Event, 16), done: make(chan struct{})}
+		r.pipes = append(r.pipes, p)
+		comp, err := r.newCompactor(w)
+		if err != nil {
+			return err
+		}
+		r.wg.Add(1)
+		go r.runPipe(w, p, comp)
+	}
+	for i := 0; i < r.cfg.UploadWorkers; i++ {
+		r.wg.Add(1)
+		go r.runUploads()
+	}
+	r.wg.Add(1)
+	go r.runMaintenance()
+	return nil
+}
+
+func (r *Run) segmentDir(w int) string {
+	return filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "outbox")
+}
+
+func (r *Run) newCompactor(w int) (*compactor.Compactor, error) {
+	dir := r.segmentDir(w)
+	// Segments left by a crashed run were never committed: start clean.
+	os.RemoveAll(dir)
+	rng := keygroup.OwnedBy(w, r.cfg.WorkerCount, r.cfg.KeyGroupCount)
+	return compactor.New(compactor.Config{
+		Mode: r.cfg.Mode.compactorMode(),
+		Dir:  dir,
+		Meta: snapfile.Meta{
+			FlowID: r.cfg.FlowID, WorkerIndex: w, WorkerCount: r.cfg.WorkerCount,
+			KeyGroupCount: r.cfg.KeyGroupCount, Execution: r.execution,
+		},
+		Emit: func(seg compactor.Segment) error {
+			sum, size, err := fileSHA256(seg.Path)
+			if err != nil {
+				return fmt.Errorf("checksum segment %s: %w", seg.Path, err)
+			}
+			m := seg.Meta
+			ref := ObjectRef{
+				Key:  segmentKey(r.cfg.FlowID, r.execution, w, m.FirstEpoch, seg.Seq),
+				Kind: KindSegment, Execution: r.execution, Worker: w, WorkerCount: r.cfg.WorkerCount,
+				GroupLo: rng.Lo, GroupHi: rng.Hi, FirstEpoch: m.FirstEpoch, LastEpoch: m.LastEpoch,
+				Seq: seg.Seq, Rows: seg.Rows, Size: size, SHA256: sum,
+			}
+			r.mu.Lock()
+			r.epochLocked(m.LastEpoch).pending++
+			r.mu.Unlock()
+			select {
+			case r.uploads <- uploadJob{seg: seg, ref: ref, epoch: m.LastEpoch}:
+				return nil
+			case <-r.ctx.Done():
+				return errStopped
+			}
+		},
+	})
+}
+
+func (r *Run) epochLocked(e int64) *epochState {
+	es := r.epochs[e]
+	if es == nil {
+		es = &epochState{}
+		r.epochs[e] = es
+	}
+	return es
+}
+
+func (r *Run) fail(err error) {
+	r.mu.Lock()
+	if r.err == nil {
+		r.err = err
+		r.cfg.Logger.Error("recovery pipeline failed; nothing is committed past this point", "err", err)
+	}
+	r.cond.Broadcast()
+	r.mu.Unlock()
+}
+
+// Err returns the error that stopped the pipeline, if any.
+func (r *Run) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+func (r *Run) runPipe(w int, p *pipe, comp *compactor.Compactor) {
+	defer r.wg.Done()
+	defer close(p.done)
+	defer comp.Close()
+	for ev := range p.events {
+		if r.Err() != nil {
+			continue // drain; the run has failed
+		}
+		if err := comp.Apply(r.ctx, ev); err != nil {
+			r.fail(fmt.Errorf("worker %d epoch %d: %w", w, ev.Epoch, err))
+			continue
+		}
+		if ev.Close {
+			r.mu.Lock()
+			r.epochLocked(ev.Epoch).closed++
+			r.cond.Broadcast()
+			r.mu.Unlock()
+			r.tryCommit()
+		}
+	}
+}
+
+func (r *Run) runUploads() {
+	defer r.wg.Done()
+	for job := range r.uploads {
+		if r.Err() != nil {
+			os.Remove(job.seg.Path)
+			continue
+		}
+		start := time.Now()
+		err := r.uploadWithRetry(job.seg.Path, job.ref.Key)
+		os.Remove(job.seg.Path)
+		if err != nil {
+			r.fail(fmt.Errorf("upload segment %s of worker %d epoch %d: %w", job.ref.Key, job.ref.Worker, job.epoch, err))
+			continue
+		}
+		r.mu.Lock()
+		es := r.epochLocked(job.epoch)
+		es.pending--
+		es.objects = append(es.objects, job.ref)
+		r.metrics.SegmentsUploaded++
+		r.metrics.BytesUploaded += job.ref.Size
+		r.metrics.UploadSeconds += time.Since(start).Seconds()
+		r.mu.Unlock()
+		r.tryCommit()
+	}
+}
+
+func (r *Run) uploadWithRetry(path, key string) error {
+	var err error
+	delay := 50 * time.Millisecond
+	for attempt := 1; attempt <= r.cfg.UploadAttempts; attempt++ {
+		if err = r.cfg.Backup.Upload(r.ctx, path, key); err == nil {
+			return nil
+		}
+		if r.ctx.Err() != nil {
+			return err
+		}
+		r.cfg.Logger.Warn("segment upload failed; retrying", "key", key, "attempt", attempt, "err", err)
+		select {
+		case <-time.After(delay):
+		case <-r.ctx.Done():
+			return err
+		}
+		delay = min(delay*2, 2*time.Second)
+	}
+	return fmt.Errorf("gave up after %d attempts: %w", r.cfg.UploadAttempts, err)
+}
+
+// Write stores a snapshot batch of worker w at epoch in its local store and
+// queues it for the worker's segment.
+func (r *Run) Write(ctx context.Context, w int, epoch int64, rows []rowbatch.Row) (int, error) {
+	if err := r.Err(); err != nil {
+		return 0, err
+	}
+	n, err := r.stores[w].Write(ctx, epoch, rows)
+	if err != nil {
+		return 0, err
+	}
+	if len(rows) > 0 {
+		// The rows alias the caller's buffer; the pipe outlives it.
+		r.pipes[w].events <- compactor.Event{Epoch: epoch, Rows: copyRows(rows)}
+	}
+	return n, nil
+}
+
+func copyRows(rows []rowbatch.Row) []rowbatch.Row {
+	size := 0
+	for i := range rows {
+		size += len(rows[i].StepID) + len(rows[i].Key) + len(rows[i].Value)
+	}
+	arena := make([]byte, 0, size)
+	out := make([]rowbatch.Row, len(rows))
+	for i, r := range rows {
+		start := len(arena)
+		arena = append(arena, r.StepID...)
+		arena = append(arena, r.Key...)
+		arena = append(arena, r.Value...)
+		b := arena[start:len(arena):len(arena)]
+		out[i] = rowbatch.Row{
+			StepID: string(b[:len(r.StepID)]), Key: string(b[len(r.StepID) : len(r.StepID)+len(r.Key)]),
+			Epoch: r.Epoch, Deleted: r.Deleted,
+		}
+		if !r.Deleted {
+			out[i].Value = b[len(r.StepID)+len(r.Key):]
+		}
+	}
+	return out
+}
+
+// CloseEpoch marks that worker w finished epoch (its snapshot is written).
+// When every worker closed it and its segments are uploaded, it commits.
+// CloseEpoch waits while more than MaxEpochsInFlight epochs are closed but
+// not committed, and returns the pipeline's error if it failed.
+func (r *Run) CloseEpoch(w int, epoch int64) error {
+	r.mu.Lock()
+	es := r.epochLocked(epoch)
+	if !es.closeSet {
+		es.closeSet, es.closeAt = true, time.Now()
+	}
+	err := r.err
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	r.pipes[w].events <- compactor.Event{Epoch: epoch, Close: true}
+	start := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for r.err == nil && !r.stopped && epoch-r.committed > int64(r.cfg.MaxEpochsInFlight) {
+		r.cond.Wait()
+	}
+	if waited := time.Since(start); waited > time.Millisecond {
+		r.metrics.BackpressureSeconds += waited.Seconds()
+	}
+	return r.err
+}
+
+// tryCommit writes the commit record for the newest epoch whose every
+// worker closed it and whose segments (and every older epoch's) are
+// uploaded.
+func (r *Run) tryCommit() {
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	r.mu.Lock()
+	target := r.committed
+	var fresh []ObjectRef
+	var closeAt time.Time
+	for e := r.committed + 1; ; e++ {
+		es := r.epochs[e]
+		if es == nil || es.closed < r.cfg.WorkerCount || es.pending > 0 {
+			break
+		}
+		target = e
+		fresh = append(fresh, es.objects...)
+		if es.closeSet {
+			closeAt = es.closeAt
+		}
+	}
+	failed := r.err != nil
+	r.mu.Unlock()
+	if target == r.committed || failed {
+		return
+	}
+	rec := CommitRecord{
+		FlowID: r.cfg.FlowID, Epoch: target, Execution: r.execution,
+		WorkerCount: r.cfg.WorkerCount, KeyGroupCount: r.cfg.KeyGroupCount,
+		Objects: append(append([]ObjectRef{}, r.record.Objects...), fresh...),
+	}
+	sortObjects(rec.Objects)
+	if err := writeCommit(r.ctx, r.cfg.Backup, rec); err != nil {
+		r.fail(fmt.Errorf("write commit record of epoch %d: %w", target, err))
+		return
+	}
+	r.record = rec
+	r.mu.Lock()
+	for e := r.committed + 1; e <= target; e++ {
+		delete(r.epochs, e)
+	}
+	r.committed = target
+	r.metrics.Commits++
+	r.metrics.CommittedEpoch = target
+	if !closeAt.IsZero() {
+		r.metrics.observeCommit(time.Since(closeAt))
+	}
+	r.cond.Broadcast()
+	r.mu.Unlock()
+	r.cfg.Logger.Debug("epoch committed", "flow", r.cfg.FlowID, "epoch", target, "objects", len(rec.Objects))
+	select {
+	case r.maint <- target:
+	default:
+		// Maintenance is busy; it picks up the newest commit next round.
+	}
+}
+
+// Committed returns the newest committed epoch.
+func (r *Run) Committed() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.committed
+}
+
+// Finish waits until every epoch that all workers closed is committed (or
+// the pipeline failed), then stops the background work. With aborted set
+// an epoch that not every worker closed is dropped, as a crash would.
+func (r *Run) Finish(aborted bool) error {
+	if r.pipes == nil {
+		return nil
+	}
+	for _, p := range r.pipes {
+		close(p.events)
+	}
+	for _, p := range r.pipes {
+		<-p.done
+	}
+	r.mu.Lock()
+	target := r.committed
+	for e := r.committed + 1; ; e++ {
+		es := r.epochs[e]
+		if es == nil || es.closed < r.cfg.WorkerCount {
+			break
+		}
+		target = e
+	}
+	for r.err == nil && r.committed < target {
+		r.cond.Wait()
+	}
+	err := r.err
+	r.stopped = true
+	r.cond.Broadcast()
+	r.mu.Unlock()
+	close(r.uploads)
+	close(r.maint)
+	r.wg.Wait()
+	r.cancel()
+	r.pipes = nil
+	if err == nil {
+		// The last commit's garbage is collected now rather than left to
+		// the next run.
+		r.maintain(r.Committed())
+	}
+	return err
+}
+
+// Close stops the run (without waiting for commits) and closes the stores.
+func (r *Run) Close() error {
+	if r.pipes != nil {
+		r.fail(errStopped)
+		r.Finish(true)
+	}
+	var first error
+	for _, s := range r.stores {
+		if s != nil {
+			if err := s.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
+// Metrics reports what the pipeline did, for users and benchmarks.
+type Metrics struct {
+	CommittedEpoch      int64
+	Commits             int64
+	SegmentsUploaded    int64
+	BytesUploaded       int64
+	UploadSeconds       float64
+	BackpressureSeconds float64
+	Compactions         int64
+	ObjectsDeleted      int64
+	// CommitLatencies are seconds from the first close of an epoch to its
+	// commit, newest last (at most 4096 kept).
+	CommitLatencies []float64
+}
+
+func (m *Metrics) observeCommit(d time.Duration) {
+	m.CommitLatencies = append(m.CommitLatencies, d.Seconds())
+	if len(m.CommitLatencies) > 4096 {
+		m.CommitLatencies = m.CommitLatencies[len(m.CommitLatencies)-4096:]
+	}
+}
+
+// Metrics returns a copy of the run's metrics.
+func (r *Run) Metrics() Metrics {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.metrics
+	m.CommitLatencies = append([]float64(nil), r.metrics.CommitLatencies...)
+	m.CommittedEpoch = r.committed
+	return m
+}
+
+// Percentile returns the p-th percentile (0-100) of xs, 0 if empty.
+func Percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}

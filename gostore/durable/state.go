@@ -1,0 +1,160 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/millpond/millpond/gostore/backup"
+)
+
+// State is what the durable store alone says about a flow: where a new
+// execution resumes and which objects hold the state there.
+type State struct {
+	FlowID string
+	// Commit is the newest commit record; zero Epoch when nothing committed.
+	Commit CommitRecord
+	// CommitKeys lists the commit records present, oldest first.
+	CommitEpochs []int64
+	// LastExecution is the newest execution recorded, -1 when none.
+	LastExecution int64
+}
+
+// ResumeEpoch is the first epoch a new execution processes.
+func (s State) ResumeEpoch() int64 { return s.Commit.Epoch + 1 }
+
+// NextExecution is the number of the next execution.
+func (s State) NextExecution() int64 { return s.LastExecution + 1 }
+
+// ReadState reads the commit records and execution records of flow. The
+// newest commit record must be intact: a damaged one is an error naming
+// it, never a silent fall-back that would lose committed state.
+func ReadState(ctx context.Context, b backup.Backup, flow string) (State, error) {
+	st := State{FlowID: flow, LastExecution: -1}
+	commits, err := b.List(ctx, flowPrefix(flow)+commitsDir)
+	if err != nil {
+		return st, fmt.Errorf("list commit records of flow %q in %s: %w", flow, b, err)
+	}
+	for _, o := range commits {
+		if e, ok := numberAfter(o.Key, commitsDir); ok {
+			st.CommitEpochs = append(st.CommitEpochs, e)
+		}
+	}
+	sort.Slice(st.CommitEpochs, func(i, j int) bool { return st.CommitEpochs[i] < st.CommitEpochs[j] })
+	if n := len(st.CommitEpochs); n > 0 {
+		rec, err := readCommit(ctx, b, flow, st.CommitEpochs[n-1])
+		if err != nil {
+			return st, fmt.Errorf("%w; delete it to resume from the previous commit (epoch %s), or restore it from a copy", err, previous(st.CommitEpochs))
+		}
+		st.Commit = rec
+	}
+	execs, err := b.List(ctx, flowPrefix(flow)+executionsDir)
+	if err != nil {
+		return st, fmt.Errorf("list execution records of flow %q in %s: %w", flow, b, err)
+	}
+	for _, o := range execs {
+		if x, ok := numberAfter(o.Key, executionsDir); ok && x > st.LastExecution {
+			st.LastExecution = x
+		}
+	}
+	if st.Commit.Execution > st.LastExecution {
+		st.LastExecution = st.Commit.Execution
+	}
+	return st, nil
+}
+
+func previous(epochs []int64) string {
+	if len(epochs) < 2 {
+		return "none: a fresh start"
+	}
+	return fmt.Sprint(epochs[len(epochs)-2])
+}
+
+func readCommit(ctx context.Context, b backup.Backup, flow string, epoch int64) (CommitRecord, error) {
+	key := commitKey(flow, epoch)
+	data, err := downloadBytes(ctx, b, key)
+	if err != nil {
+		return CommitRecord{}, err
+	}
+	return decodeCommit(data, key, flow)
+}
+
+// downloadBytes fetches a small object into memory.
+func downloadBytes(ctx context.Context, b backup.Backup, key string) ([]byte, error) {
+	dir, err := os.MkdirTemp("", "mp-record-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "obj")
+	if err := b.Download(ctx, key, path); err != nil {
+		return nil, fmt.Errorf("download %s from %s: %w", key, b, err)
+	}
+	return os.ReadFile(path)
+}
+
+// uploadBytes stores a small object.
+func uploadBytes(ctx context.Context, b backup.Backup, key string, data []byte) error {
+	dir, err := os.MkdirTemp("", "mp-record-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "obj")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return err
+	}
+	if err := b.Upload(ctx, path, key); err != nil {
+		return fmt.Errorf("upload %s to %s: %w", key, b, err)
+	}
+	return nil
+}
+
+// RecordExecution writes the execution record of a new run, before it
+// processes anything.
+func RecordExecution(ctx context.Context, b backup.Backup, rec ExecutionRecord) error {
+	rec.Format = executionFormat
+	data, err := sealJSON(&rec, &rec.Checksum)
+	if err != nil {
+		return err
+	}
+	return uploadBytes(ctx, b, executionKey(rec.FlowID, rec.Execution), data)
+}
+
+func writeCommit(ctx context.Context, b backup.Backup, rec CommitRecord) error {
+	rec.Format = commitFormat
+	data, err := sealJSON(&rec, &rec.Checksum)
+	if err != nil {
+		return err
+	}
+	return uploadBytes(ctx, b, commitKey(rec.FlowID, rec.Epoch), data)
+}
+
+// Flows lists the flow ids that have durable data in b.
+func Flows(ctx context.Context, b backup.Backup) ([]string, error) {
+	objs, err := b.List(ctx, "")
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", b, err)
+	}
+	seen := map[string]bool{}
+	var flows []string
+	for _, o := range objs {
+		i := strings.Index(o.Key, "/")
+		if i <= 0 {
+			continue
+		}
+		f := o.Key[:i]
+		if !seen[f] && (strings.HasPrefix(o.Key[i+1:], commitsDir) || strings.HasPrefix(o.Key[i+1:], executionsDir)) {
+			seen[f] = true
+			flows = append(flows, f)
+		}
+	}
+	sort.Strings(flows)
+	return flows, nil
+}
+
+var errStopped = errors.New("recovery run is closed")
