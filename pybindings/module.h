@@ -13,7 +13,41 @@ const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out);
 char *mp_pack_rows(PyObject *rows, size_t *out_len);
 PyObject *mp_unpack_kv(const char *buf, size_t len);
 
-// Method-table entries defined in other .c files of the package.
-#define MP_EXTRA_METHODS
+// Methods defined in recovery.c (internal; millpond.recovery and
+// millpond.backup are their documented face).
+PyObject *mp_backup_open_py(PyObject *self, PyObject *args);
+PyObject *mp_backup_python_py(PyObject *self, PyObject *args);
+PyObject *mp_backup_close_py(PyObject *self, PyObject *args);
+PyObject *mp_backup_describe_py(PyObject *self, PyObject *args);
+PyObject *mp_backup_op_py(PyObject *self, PyObject *args);
+PyObject *mp_run_open_py(PyObject *self, PyObject *args);
+PyObject *mp_run_info_py(PyObject *self, PyObject *args);
+PyObject *mp_run_restore_py(PyObject *self, PyObject *args);
+PyObject *mp_run_progress_py(PyObject *self, PyObject *args);
+PyObject *mp_run_start_py(PyObject *self, PyObject *args);
+PyObject *mp_run_write_py(PyObject *self, PyObject *args);
+PyObject *mp_run_close_epoch_py(PyObject *self, PyObject *args);
+PyObject *mp_run_finish_py(PyObject *self, PyObject *args);
+PyObject *mp_run_close_py(PyObject *self, PyObject *args);
+PyObject *mp_run_metrics_py(PyObject *self, PyObject *args);
+PyObject *mp_durable_report_py(PyObject *self, PyObject *args);
+
+#define MP_EXTRA_METHODS \
+    {"backup_open", mp_backup_open_py, METH_VARARGS, NULL}, \
+    {"backup_python", mp_backup_python_py, METH_VARARGS, NULL}, \
+    {"backup_close", mp_backup_close_py, METH_VARARGS, NULL}, \
+    {"backup_describe", mp_backup_describe_py, METH_VARARGS, NULL}, \
+    {"backup_op", mp_backup_op_py, METH_VARARGS, NULL}, \
+    {"run_open", mp_run_open_py, METH_VARARGS, NULL}, \
+    {"run_info", mp_run_info_py, METH_VARARGS, NULL}, \
+    {"run_restore", mp_run_restore_py, METH_VARARGS, NULL}, \
+    {"run_progress", mp_run_progress_py, METH_VARARGS, NULL}, \
+    {"run_start", mp_run_start_py, METH_VARARGS, NULL}, \
+    {"run_write", mp_run_write_py, METH_VARARGS, NULL}, \
+    {"run_close_epoch", mp_run_close_epoch_py, METH_VARARGS, NULL}, \
+    {"run_finish", mp_run_finish_py, METH_VARARGS, NULL}, \
+    {"run_close", mp_run_close_py, METH_VARARGS, NULL}, \
+    {"run_metrics", mp_run_metrics_py, METH_VARARGS, NULL}, \
+    {"durable_report", mp_durable_report_py, METH_VARARGS, NULL},
 
 #endif

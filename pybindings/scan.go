@@ -56,7 +56,7 @@ func newScanner(s *localstore.Store, step string, chunk int) *scanner {
 
 //export mp_scan_open
 func mp_scan_open(h C.uintptr_t, step *C.char, chunk C.int, out *C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
-	s, err := lookup[*localstore.Store](uintptr(h))
+	s, err := storeOf(uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}

@@ -34,8 +34,21 @@ func mp_store_open(dir, flow *C.char, workerIndex, workerCount, keyGroups C.int,
 	return 0
 }
 
+// storeOf resolves a store handle: a store this handle owns, or one a
+// recovery run owns.
+func storeOf(h uintptr) (*localstore.Store, error) {
+	if ref, err := lookup[*storeRef](h); err == nil {
+		return ref.s, nil
+	}
+	return lookup[*localstore.Store](h)
+}
+
 //export mp_store_close
 func mp_store_close(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
+	if _, err := lookup[*storeRef](uintptr(h)); err == nil {
+		deleteHandle(uintptr(h)) // the run closes the store itself
+		return 0
+	}
 	s, err := lookup[*localstore.Store](uintptr(h))
 	if err != nil {
 		return 0 // closing twice is fine
@@ -50,7 +63,7 @@ func mp_store_close(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 //export mp_store_write
 func mp_store_write(h C.uintptr_t, epoch C.longlong, buf *C.char, n C.size_t,
 	written *C.longlong, errKind *C.int, errMsg **C.char) C.int {
-	s, err := lookup[*localstore.Store](uintptr(h))
+	s, err := storeOf(uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -76,7 +89,7 @@ func mp_store_write(h C.uintptr_t, epoch C.longlong, buf *C.char, n C.size_t,
 //export mp_store_get
 func mp_store_get(h C.uintptr_t, step *C.char, stepLen C.size_t, key *C.char, keyLen C.size_t,
 	found *C.int, epoch *C.longlong, val **C.char, valLen *C.size_t, errKind *C.int, errMsg **C.char) C.int {
-	s, err := lookup[*localstore.Store](uintptr(h))
+	s, err := storeOf(uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -103,7 +116,7 @@ func mp_store_get(h C.uintptr_t, step *C.char, stepLen C.size_t, key *C.char, ke
 //
 //export mp_store_steps
 func mp_store_steps(h C.uintptr_t, out **C.char, outLen *C.size_t, errKind *C.int, errMsg **C.char) C.int {
-	s, err := lookup[*localstore.Store](uintptr(h))
+	s, err := storeOf(uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -126,7 +139,7 @@ func mp_store_steps(h C.uintptr_t, out **C.char, outLen *C.size_t, errKind *C.in
 //
 //export mp_store_meta
 func mp_store_meta(h C.uintptr_t, out *C.longlong, errKind *C.int, errMsg **C.char) C.int {
-	s, err := lookup[*localstore.Store](uintptr(h))
+	s, err := storeOf(uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -146,7 +159,7 @@ func mp_store_meta(h C.uintptr_t, out *C.longlong, errKind *C.int, errMsg **C.ch
 
 //export mp_store_gc
 func mp_store_gc(h C.uintptr_t, committed C.longlong, removed *C.longlong, errKind *C.int, errMsg **C.char) C.int {
-	s, err := lookup[*localstore.Store](uintptr(h))
+	s, err := storeOf(uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -160,7 +173,7 @@ func mp_store_gc(h C.uintptr_t, committed C.longlong, removed *C.longlong, errKi
 
 //export mp_store_delete_from
 func mp_store_delete_from(h C.uintptr_t, epoch C.longlong, removed *C.longlong, errKind *C.int, errMsg **C.char) C.int {
-	s, err := lookup[*localstore.Store](uintptr(h))
+	s, err := storeOf(uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}

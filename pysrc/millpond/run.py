@@ -555,6 +555,12 @@ def _recovery_config(local_state_dir: Path, backup_spec: Optional[str], snapshot
         kwargs["backup"] = _backup_from_spec(backup_spec)
     if snapshot_mode is not None:
         kwargs["snapshot_mode"] = SnapshotMode.BATCH if snapshot_mode == "batch" else SnapshotMode.IMMEDIATE
+    # The user named the directory on the command line: make it, as `mkdir
+    # -p` would, rather than fail. A path whose parent is missing, or that
+    # is a file, still gets RecoveryConfig's error.
+    path = Path(local_state_dir)
+    if not path.exists() and path.parent.is_dir():
+        path.mkdir()
     return RecoveryConfig(local_state_dir, **kwargs)
 
 

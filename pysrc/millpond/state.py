@@ -345,6 +345,7 @@ class StateStore(_LiveState):
         self.resume_epoch = resume_epoch
         self.path = path
         self._stored_steps: set[str] = set(self._call(core().store_steps))
+        self._write: Callable[[int, list], int] = lambda epoch, rows: core().store_write(handle, epoch, rows)
         #: Seconds spent in the last snapshot: pickling (Python) and writing (Go).
         self.last_snapshot_timing: dict[str, float] = {"python": 0.0, "go": 0.0}
 
@@ -391,6 +392,14 @@ class StateStore(_LiveState):
         path = directory / flow_id / f"worker-{worker_index:04d}" / "store.sqlite"
         return cls(handle, flow_id, worker_index, worker_count, key_group_count, resume_epoch, path)
 
+    @classmethod
+    def _attach(cls, handle: int, flow_id: str, worker_index: int, worker_count: int, key_group_count: int,
+                resume_epoch: Optional[int], path: Path, write: Callable[[int, list], int]) -> "StateStore":
+        """Wrap a store a recovery run owns; snapshots go through ``write``."""
+        store = cls(handle, flow_id, worker_index, worker_count, key_group_count, resume_epoch, path)
+        store._write = write
+        return store
+
     def register(self, step_id: str, builder: Builder) -> None:
         super().register(step_id, builder)
         if step_id in self._stored_steps:
@@ -412,7 +421,7 @@ class StateStore(_LiveState):
         rows = self._collect()
         t1 = time.perf_counter()
         try:
-            written = core().store_write(handle, epoch, rows)
+            written = self._write(epoch, rows)
         except core().CoreError as exc:
             raise_core_error(exc)
         t2 = time.perf_counter()

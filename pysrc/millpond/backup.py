@@ -1,0 +1,191 @@
+"""Durable stores for recovery data: the ``Backup`` protocol and its backends.
+
+A backup holds flat, ``/``-separated keys. Uploads are atomic: a reader
+never lists a half-written object. :class:`DirBackup` (a directory on a
+local or network filesystem) and :class:`S3Backup` (S3 or an S3-compatible
+server) are implemented in the Go core; any Python object with the four
+methods of :class:`Backup` works too, for stores the core does not speak.
+
+>>> import tempfile
+>>> b = backup_from_uri(tempfile.mkdtemp())
+>>> b.list_keys()
+[]
+
+URIs: ``/some/dir`` or ``file:///some/dir`` for a directory;
+``s3://bucket/prefix?endpoint=http://127.0.0.1:9000&region=us-east-1`` for
+S3 (endpoint, region and credentials also come from the usual ``AWS_*``
+environment variables). An unknown scheme is a ``ValueError`` that lists the
+supported ones.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Protocol, Union, runtime_checkable
+from urllib.parse import quote, urlencode
+
+from millpond._corebridge import core, raise_core_error
+
+__all__ = ["Backup", "DirBackup", "S3Backup", "backup_from_uri", "SUPPORTED_SCHEMES"]
+
+#: The URI forms :func:`backup_from_uri` accepts.
+SUPPORTED_SCHEMES = ("a plain path", "file:///path", "s3://bucket/prefix")
+
+
+@runtime_checkable
+class Backup(Protocol):
+    """What recovery needs of a durable store."""
+
+    def list_keys(self, prefix: str = "") -> list[str]:
+        """Return the keys that start with ``prefix``, sorted."""
+        ...
+
+    def upload(self, from_local: Path, to_key: str) -> None:
+        """Store the file ``from_local`` under ``to_key``, atomically."""
+        ...
+
+    def download(self, from_key: str, to_local: Path) -> None:
+        """Write the object ``from_key`` to the file ``to_local``.
+
+        Raise ``FileNotFoundError`` (or ``KeyError``) if there is no such key.
+        """
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; removing a missing key is not an error."""
+        ...
+
+
+class _CoreBackup:
+    """A backup implemented in the Go core, reached through a handle."""
+
+    def __init__(self, uri: str) -> None:
+        try:
+            self._handle: Optional[int] = core().backup_open(uri)
+        except core().CoreError as exc:
+            raise_core_error(exc)
+        self.uri = uri
+
+    def _op(self, op: int, a: str = "", b: str = "") -> object:
+        if self._handle is None:
+            raise ValueError(f"{self!r} is closed")
+        try:
+            return core().backup_op(self._handle, op, a, b)
+        except core().CoreError as exc:
+            if exc.args and exc.args[0] == 8:
+                raise FileNotFoundError(exc.args[1]) from None
+            raise_core_error(exc)
+
+    def list_keys(self, prefix: str = "") -> list[str]:
+        """Return the keys that start with ``prefix``, sorted."""
+        return [k for k, _ in self._op(0, prefix)]  # type: ignore[union-attr]
+
+    def list_objects(self, prefix: str = "") -> list[tuple[str, int]]:
+        """Return ``(key, size_in_bytes)`` for the keys under ``prefix``."""
+        return list(self._op(0, prefix))  # type: ignore[arg-type]
+
+    def upload(self, from_local: Union[str, "os.PathLike[str]"], to_key: str) -> None:
+        """Store a local file under ``to_key`` (atomically)."""
+        self._op(1, os.fspath(from_local), to_key)
+
+    def download(self, from_key: str, to_local: Union[str, "os.PathLike[str]"]) -> None:
+        """Write object ``from_key`` to a local file; ``FileNotFoundError`` if missing."""
+        self._op(2, from_key, os.fspath(to_local))
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (a missing key is fine)."""
+        self._op(3, key)
+
+    def check(self) -> None:
+        """Check that the store is reachable and usable; raise ``BackupError`` if not."""
+        self._op(4)
+
+    def core_handle(self) -> int:
+        """The Go core's handle of this backup (internal)."""
+        if self._handle is None:
+            raise ValueError(f"{self!r} is closed")
+        return self._handle
+
+    def close(self) -> None:
+        """Release the core's resources. Closing twice is a no-op."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            core().backup_close(handle)
+
+    def __del__(self) -> None:
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.uri!r})"
+
+
+class DirBackup(_CoreBackup):
+    """A directory as the durable store (local disk, NFS, a mounted volume).
+
+    The directory is created if its parent exists. Uploads write a temp
+    file, fsync it, rename it into place and fsync the directory.
+    """
+
+    def __init__(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        self.path = Path(path).absolute()
+        super().__init__(str(self.path))
+
+
+class S3Backup(_CoreBackup):
+    """S3 or an S3-compatible server as the durable store.
+
+    ``endpoint_url`` switches to path-style addressing for S3-compatible
+    servers. Credentials come from the standard ``AWS_*`` environment
+    variables. Large objects upload in parts; throttling and 5xx answers are
+    retried with backoff.
+    """
+
+    def __init__(self, bucket: str, prefix: str = "", endpoint_url: Optional[str] = None,
+                 region: Optional[str] = None) -> None:
+        if not bucket:
+            raise ValueError("S3Backup needs a bucket name")
+        query = {k: v for k, v in (("endpoint", endpoint_url), ("region", region)) if v}
+        uri = f"s3://{bucket}/{quote(prefix.strip('/'))}"
+        if query:
+            uri += "?" + urlencode(query)
+        self.bucket, self.prefix = bucket, prefix
+        super().__init__(uri)
+
+
+def backup_from_uri(uri: str) -> _CoreBackup:
+    """Open the backup a URI names: a path or ``file://`` URI, or ``s3://``."""
+    if not isinstance(uri, str) or not uri:
+        raise ValueError(f"backup URI must be a non-empty string, got {uri!r}")
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    if scheme not in ("", "file", "s3"):
+        raise ValueError(
+            f"unknown backup URI scheme {scheme!r} in {uri!r}; use one of: {', '.join(SUPPORTED_SCHEMES)}"
+        )
+    if scheme == "s3":
+        b = _CoreBackup.__new__(S3Backup)
+        _CoreBackup.__init__(b, uri)
+        return b
+    b = _CoreBackup.__new__(DirBackup)
+    path = uri[len("file://"):] if scheme == "file" else uri
+    b.path = Path(path).absolute()  # type: ignore[attr-defined]
+    _CoreBackup.__init__(b, uri if scheme == "file" else str(b.path))  # type: ignore[attr-defined]
+    return b
+
+
+def core_handle_for(backup: object) -> tuple[int, bool]:
+    """Return ``(handle, owned)`` for any backup; ``owned`` handles must be closed.
+
+    Core backups share their handle; Python objects get a handle whose
+    calls go back into Python.
+    """
+    if isinstance(backup, _CoreBackup):
+        return backup.core_handle(), False
+    for name in ("list_keys", "upload", "download", "delete"):
+        if not callable(getattr(backup, name, None)):
+            raise TypeError(
+                f"backup {backup!r} has no {name}() method; pass a URI, DirBackup, S3Backup, "
+                "or an object with list_keys/upload/download/delete"
+            )
+    return core().backup_python(backup, repr(backup)), True
