@@ -98,4 +98,3 @@ func mp_scan_close(h C.uintptr_t) {
 	}
 	deleteHandle(uintptr(h))
 }
-

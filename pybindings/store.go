@@ -184,4 +184,3 @@ func mp_store_delete_from(h C.uintptr_t, epoch C.longlong, removed *C.longlong, 
 	*removed = C.longlong(n)
 	return 0
 }
-
