@@ -124,8 +124,8 @@ type Run struct {
 	err       error
 	stopped   bool
 
-	commitMu  sync.Mutex // serializes writes of commit records
-	record    CommitRecord
+	commitMu sync.Mutex // serializes writes of commit records
+	record   CommitRecord
 
 	progress Progress
 	metrics  Metrics
@@ -133,6 +133,9 @@ type Run struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// uploadWG tracks the upload goroutines apart: they send to maint,
+	// so Finish closes maint only once they are gone.
+	uploadWG sync.WaitGroup
 }
 
 type epochState struct {
@@ -233,7 +236,7 @@ func (r *Run) Start() error {
 		go r.runPipe(w, p, comp)
 	}
 	for i := 0; i < r.cfg.UploadWorkers; i++ {
-		r.wg.Add(1)
+		r.uploadWG.Add(1)
 		go r.runUploads()
 	}
 	r.wg.Add(1)
@@ -331,7 +334,7 @@ func (r *Run) runPipe(w int, p *pipe, comp *compactor.Compactor) {
 }
 
 func (r *Run) runUploads() {
-	defer r.wg.Done()
+	defer r.uploadWG.Done()
 	for job := range r.uploads {
 		if r.Err() != nil {
 			os.Remove(job.seg.Path)
@@ -540,6 +543,7 @@ func (r *Run) Finish(aborted bool) error {
 	r.cond.Broadcast()
 	r.mu.Unlock()
 	close(r.uploads)
+	r.uploadWG.Wait() // an upload's tryCommit may still send to maint
 	close(r.maint)
 	r.wg.Wait()
 	r.cancel()

@@ -61,7 +61,7 @@ func ReadState(ctx context.Context, b backup.Backup, flow string) (State, error)
 			st.LastExecution = x
 		}
 	}
-	if st.Commit.Execution > st.LastExecution {
+	if st.Commit.Epoch > 0 && st.Commit.Execution > st.LastExecution {
 		st.LastExecution = st.Commit.Execution
 	}
 	return st, nil
