@@ -194,3 +194,11 @@ PyObject *mp_durable_report_py(PyObject *self, PyObject *args) {
     CALL_GO(mp_durable_report(bh, op, (char *)flow, keys, &out, &kind, &msg));
     return take_str(out);
 }
+
+PyObject *mp_run_commits_py(PyObject *self, PyObject *args) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    char *out = NULL;
+    CALL_GO(mp_run_commits(h, &out, &kind, &msg));
+    return take_str(out);
+}

@@ -176,6 +176,19 @@ func mp_run_metrics(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char
 	return 0
 }
 
+// mp_run_commits returns the commits since the last call as JSON.
+//
+//export mp_run_commits
+func mp_run_commits(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char) C.int {
+	run, err := lookup[*durable.Run](uintptr(h))
+	if err != nil {
+		return setErr(err, errKind, errMsg)
+	}
+	b, _ := json.Marshal(run.DrainCommits())
+	*out = C.CString(string(b))
+	return 0
+}
+
 // mp_durable_report runs inspect (op 0, keys counted when withKeys), verify
 // (op 1) or lists flows (op 2) and returns JSON.
 //

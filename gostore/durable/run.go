@@ -127,8 +127,9 @@ type Run struct {
 	commitMu sync.Mutex // serializes writes of commit records
 	record   CommitRecord
 
-	progress Progress
-	metrics  Metrics
+	progress  Progress
+	metrics   Metrics
+	commitLog []CommitEvent
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -493,8 +494,17 @@ func (r *Run) tryCommit() {
 	r.committed = target
 	r.metrics.Commits++
 	r.metrics.CommittedEpoch = target
+	ev := CommitEvent{Epoch: target, Objects: len(fresh)}
+	for _, o := range fresh {
+		ev.Rows += o.Rows
+		ev.Bytes += o.Size
+	}
 	if !closeAt.IsZero() {
+		ev.LatencySeconds = time.Since(closeAt).Seconds()
 		r.metrics.observeCommit(time.Since(closeAt))
+	}
+	if len(r.commitLog) < 1024 {
+		r.commitLog = append(r.commitLog, ev)
 	}
 	r.cond.Broadcast()
 	r.mu.Unlock()
@@ -571,6 +581,25 @@ func (r *Run) Close() error {
 		}
 	}
 	return first
+}
+
+// CommitEvent describes one commit, for logs.
+type CommitEvent struct {
+	Epoch          int64   `json:"epoch"`
+	Objects        int     `json:"objects"`
+	Rows           int64   `json:"rows"`
+	Bytes          int64   `json:"bytes"`
+	LatencySeconds float64 `json:"latency_seconds"`
+}
+
+// DrainCommits returns the commits since the last call (at most 1024 are
+// kept between calls).
+func (r *Run) DrainCommits() []CommitEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.commitLog
+	r.commitLog = nil
+	return out
 }
 
 // Metrics reports what the pipeline did, for users and benchmarks.

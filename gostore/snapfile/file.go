@@ -72,6 +72,9 @@ func dsn(path string, o Options) string {
 		"_pragma=temp_store(MEMORY)",
 	}
 	if o.Segment {
+		// Small pages keep a segment of a quiet epoch small: SQLite needs
+		// a few pages even for one row.
+		q = append([]string{"_pragma=page_size(1024)"}, q...)
 		q = append(q, "_pragma=journal_mode(MEMORY)", "_pragma=synchronous(OFF)")
 	} else {
 		q = append(q, "_pragma=journal_mode(WAL)", "_pragma=synchronous(NORMAL)", "_pragma=wal_autocheckpoint(0)")

@@ -240,6 +240,16 @@ class RecoveryRun:
             core().run_close_epoch(self._require(), worker_index, epoch)
         except core().CoreError as exc:
             raise_core_error(exc)
+        if logger.isEnabledFor(logging.DEBUG):
+            self._log_commits()
+
+    def _log_commits(self) -> None:
+        """Log the commits the background pipeline made since the last call."""
+        for ev in json.loads(core().run_commits(self._require())) or []:
+            logger.debug(
+                "flow %r epoch %d committed: %d rows in %d objects, %d bytes, %.3f s after its close",
+                self.flow_id, ev["epoch"], ev["rows"], ev["objects"], ev["bytes"], ev["latency_seconds"],
+            )
 
     def finish(self, aborted: bool) -> None:
         """Wait for every closed epoch to commit, then stop background work."""
@@ -248,6 +258,8 @@ class RecoveryRun:
         except core().CoreError as exc:
             raise_core_error(exc)
         finally:
+            if logger.isEnabledFor(logging.DEBUG):
+                self._log_commits()
             m = self.metrics()
             logger.info(
                 "flow %r execution %d finished: committed epoch %d, %d segments (%d bytes) uploaded, "
