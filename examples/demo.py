@@ -344,8 +344,8 @@ def demo(workdir: Path, args: argparse.Namespace, rng: random.Random, kill_seed:
     resume_epoch = int(match["epoch"])
     print(
         f"4. restarted: {match['kind']} resume of execution {match['execution']} from epoch {resume_epoch} "
-        f"(after committed epoch {resume_epoch - 1}); {int(match['keys']):,} keys restored in "
-        f"{float(match['seconds']) * 1000:.1f} ms; run finished in {resumed_seconds:.2f} s"
+        f"(after committed epoch {resume_epoch - 1}) in {float(match['seconds']) * 1000:.1f} ms "
+        f"({int(match['keys']):,} stored rows); run finished in {resumed_seconds:.2f} s"
     )
     if resume_epoch != newest + 1:
         raise DemoError(f"resumed from epoch {resume_epoch}, but the newest commit before the restart was {newest}")
