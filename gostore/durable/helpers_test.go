@@ -3,6 +3,7 @@ package durable_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -65,6 +66,12 @@ type gen func(e int64) []rowbatch.Row
 // a rotating `frac` share of the keys in every later epoch; with del set,
 // every 7th changed key is deleted instead (and may come back later).
 func updatesGen(keys int, frac float64, del bool) gen {
+	return updatesGenPad(keys, frac, del, 0)
+}
+
+// updatesGenPad is updatesGen with pad more bytes in every value.
+func updatesGenPad(keys int, frac float64, del bool, pad int) gen {
+	padding := strings.Repeat("p", pad)
 	return func(e int64) []rowbatch.Row {
 		var rows []rowbatch.Row
 		n := keys
@@ -84,7 +91,7 @@ func updatesGen(keys int, frac float64, del bool) gen {
 				rows = append(rows, rowbatch.Row{StepID: step, Key: key, Deleted: true})
 				continue
 			}
-			rows = append(rows, rowbatch.Row{StepID: step, Key: key, Value: []byte(fmt.Sprintf("v%d-e%d-%s", k, e, strings.Repeat("x", k%13)))})
+			rows = append(rows, rowbatch.Row{StepID: step, Key: key, Value: []byte(fmt.Sprintf("v%d-e%d-%s%s", k, e, strings.Repeat("x", k%13), padding))})
 		}
 		return rows
 	}
@@ -124,6 +131,9 @@ func (h *harness) config(workers int, mods ...func(*durable.Config)) durable.Con
 	cfg := durable.Config{
 		LocalDir: h.local, FlowID: testFlow, WorkerCount: workers, KeyGroupCount: h.kgc,
 		Backup: h.bk, Mode: durable.SnapshotBatch, UploadAttempts: 2,
+	}
+	if os.Getenv("DURABLE_TEST_LOG") != "" {
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
 	for _, m := range mods {
 		m(&cfg)
