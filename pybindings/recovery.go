@@ -14,7 +14,6 @@ import (
 
 	"github.com/millpond/millpond/gostore/durable"
 	"github.com/millpond/millpond/gostore/localstore"
-	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
 // storeRef is a handle to a store a run owns: closing the handle does not
@@ -112,11 +111,7 @@ func mp_run_write(h C.uintptr_t, w C.int, epoch C.longlong, buf *C.char, n C.siz
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	var data []byte
-	if n > 0 {
-		data = unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
-	}
-	rows, err := rowbatch.Decode(data, int64(epoch))
+	rows, err := decodeBatch(buf, n, epoch)
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}

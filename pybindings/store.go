@@ -60,6 +60,16 @@ func mp_store_close(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 // mp_store_write decodes a packed batch (rowbatch format) and writes it at
 // epoch. The buffer is only read during the call.
 //
+// decodeBatch decodes a packed batch the C side passed in; the rows alias
+// the buffer, which is only valid during the call.
+func decodeBatch(buf *C.char, n C.size_t, epoch C.longlong) ([]rowbatch.Row, error) {
+	var data []byte
+	if n > 0 {
+		data = unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+	}
+	return rowbatch.Decode(data, int64(epoch))
+}
+
 //export mp_store_write
 func mp_store_write(h C.uintptr_t, epoch C.longlong, buf *C.char, n C.size_t,
 	written *C.longlong, errKind *C.int, errMsg **C.char) C.int {
@@ -67,11 +77,7 @@ func mp_store_write(h C.uintptr_t, epoch C.longlong, buf *C.char, n C.size_t,
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	var data []byte
-	if n > 0 {
-		data = unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
-	}
-	rows, err := rowbatch.Decode(data, int64(epoch))
+	rows, err := decodeBatch(buf, n, epoch)
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}

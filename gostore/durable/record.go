@@ -117,38 +117,44 @@ func verifyJSON(v any, checksum *string, key string) error {
 	return nil
 }
 
-func decodeCommit(data []byte, key, flow string) (CommitRecord, error) {
-	var r CommitRecord
-	if err := json.Unmarshal(data, &r); err != nil {
+// record is what decodeRecord needs of a commit or execution record.
+type record interface {
+	header() (format, flow string, checksum *string)
+}
+
+func (r *CommitRecord) header() (string, string, *string)    { return r.Format, r.FlowID, &r.Checksum }
+func (r *ExecutionRecord) header() (string, string, *string) { return r.Format, r.FlowID, &r.Checksum }
+
+// decodeRecord parses a JSON record and checks its format, checksum and
+// flow, naming key in every error.
+func decodeRecord[T any, P interface {
+	*T
+	record
+}](data []byte, key, flow, wantFormat string) (T, error) {
+	var r T
+	p := P(&r)
+	if err := json.Unmarshal(data, p); err != nil {
 		return r, fmt.Errorf("%w: %s: %v", ErrCorrupt, key, err)
 	}
-	if r.Format != commitFormat {
-		return r, fmt.Errorf("%w: %s: unknown format %q", ErrCorrupt, key, r.Format)
+	format, owner, checksum := p.header()
+	if format != wantFormat {
+		return r, fmt.Errorf("%w: %s: unknown format %q", ErrCorrupt, key, format)
 	}
-	if err := verifyJSON(&r, &r.Checksum, key); err != nil {
+	if err := verifyJSON(p, checksum, key); err != nil {
 		return r, err
 	}
-	if r.FlowID != flow {
-		return r, fmt.Errorf("%w: %s belongs to flow %q, not %q", ErrCorrupt, key, r.FlowID, flow)
+	if owner != flow {
+		return r, fmt.Errorf("%w: %s belongs to flow %q, not %q", ErrCorrupt, key, owner, flow)
 	}
 	return r, nil
 }
 
+func decodeCommit(data []byte, key, flow string) (CommitRecord, error) {
+	return decodeRecord[CommitRecord](data, key, flow, commitFormat)
+}
+
 func decodeExecution(data []byte, key, flow string) (ExecutionRecord, error) {
-	var r ExecutionRecord
-	if err := json.Unmarshal(data, &r); err != nil {
-		return r, fmt.Errorf("%w: %s: %v", ErrCorrupt, key, err)
-	}
-	if r.Format != executionFormat {
-		return r, fmt.Errorf("%w: %s: unknown format %q", ErrCorrupt, key, r.Format)
-	}
-	if err := verifyJSON(&r, &r.Checksum, key); err != nil {
-		return r, err
-	}
-	if r.FlowID != flow {
-		return r, fmt.Errorf("%w: %s belongs to flow %q, not %q", ErrCorrupt, key, r.FlowID, flow)
-	}
-	return r, nil
+	return decodeRecord[ExecutionRecord](data, key, flow, executionFormat)
 }
 
 // fileSHA256 returns the hex sha256 and size of a file.
