@@ -65,6 +65,21 @@ def _setup(d: Path) -> Path:
     return d
 
 
+def _read_until_started(proc: "subprocess.Popen[str]") -> str:
+    """Read the child's log until the execution starts (or it exits)."""
+    seen = []
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if " starts at epoch " in line:
+            break
+    return "".join(seen)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> str:
     d = _setup(tmp_path_factory.mktemp("ref") / "run")
@@ -94,9 +109,12 @@ def test_killed_at_random_points_ends_identical_to_an_uninterrupted_run(
     for i in range(5):
         proc = subprocess.Popen(argv, cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            time.sleep(rng.uniform(0.15, 0.5))
+            # kill at a random point after processing started (startup time varies with load)
+            head = _read_until_started(proc)
+            time.sleep(rng.uniform(0.0, 0.4))
             proc.send_signal(signal.SIGKILL)
             _out, err = proc.communicate(timeout=30)
+            err = head + err
         finally:
             if proc.poll() is None:
                 proc.kill()
