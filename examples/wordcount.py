@@ -7,8 +7,9 @@ Run it, with recovery on, from the repository root::
 Kill it at any point and run the same command again: it resumes from the
 last committed epoch, and ``counts.tsv`` ends up exactly as after a run that
 never failed (the file source resumes at its byte offset and the file sink
-truncates to its own). Appending to ``in.txt`` and running again continues
-the counts from where they were.
+truncates to its own). The counts are final counts (``count_final``): they
+are emitted when the input ends and the state is then dropped, so appending
+to ``in.txt`` and running again counts only the appended lines.
 """
 
 from __future__ import annotations

@@ -165,7 +165,9 @@ func (c *Compactor) write(ctx context.Context, ev Event) error {
 		c.cur, c.curMeta, c.curRows = f, m, 0
 	}
 	for i := range ev.Rows {
-		ev.Rows[i].Epoch = ev.Epoch
+		if ev.Rows[i].Epoch != ev.Epoch { // batches may be shared: write only if needed
+			ev.Rows[i].Epoch = ev.Epoch
+		}
 	}
 	n, err := c.cur.Write(ctx, ev.Rows)
 	if err != nil {

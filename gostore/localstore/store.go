@@ -80,6 +80,20 @@ type Store struct {
 	cfg  Config
 	file *snapfile.File
 	lock *lock
+
+	// Asynchronous writes (WriteAsync) go through one goroutine in order;
+	// every read and synchronous write waits for them first.
+	asyncOnce sync.Once
+	async     chan asyncBatch
+	pending   sync.WaitGroup
+	asyncMu   sync.Mutex
+	asyncErr  error
+	asyncDone chan struct{}
+}
+
+type asyncBatch struct {
+	epoch int64
+	rows  []rowbatch.Row
 }
 
 // Open opens (or creates) the worker's store, taking its lock. With
@@ -213,6 +227,60 @@ var errClosed = errors.New("local store is closed")
 
 // Write stores a snapshot batch at epoch in one transaction.
 func (s *Store) Write(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
+	if err := s.Flush(); err != nil {
+		return 0, err
+	}
+	return s.write(ctx, epoch, rows)
+}
+
+// WriteAsync queues a snapshot batch to be written in the background, in
+// order with every other write, and returns at once; rows must not change
+// afterwards. A failed background write is returned by the next call.
+// Recovery uses it to keep the local store's write off the flow's path:
+// the durable segments do not depend on it, and a local store that lags
+// the committed epoch after a crash is rebuilt, never trusted.
+func (s *Store) WriteAsync(epoch int64, rows []rowbatch.Row) error {
+	s.asyncOnce.Do(func() {
+		s.async = make(chan asyncBatch, 4)
+		s.asyncDone = make(chan struct{})
+		go s.runAsync()
+	})
+	if err := s.asyncError(); err != nil {
+		return err
+	}
+	s.pending.Add(1)
+	s.async <- asyncBatch{epoch: epoch, rows: rows}
+	return nil
+}
+
+func (s *Store) runAsync() {
+	defer close(s.asyncDone)
+	for b := range s.async {
+		if s.asyncError() == nil {
+			if _, err := s.write(context.Background(), b.epoch, b.rows); err != nil {
+				s.asyncMu.Lock()
+				s.asyncErr = fmt.Errorf("background write of epoch %d: %w", b.epoch, err)
+				s.asyncMu.Unlock()
+			}
+		}
+		s.pending.Done()
+	}
+}
+
+func (s *Store) asyncError() error {
+	s.asyncMu.Lock()
+	defer s.asyncMu.Unlock()
+	return s.asyncErr
+}
+
+// Flush waits until every queued background write is done and returns
+// the first one's error, if any.
+func (s *Store) Flush() error {
+	s.pending.Wait()
+	return s.asyncError()
+}
+
+func (s *Store) write(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -222,7 +290,11 @@ func (s *Store) Write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 		return 0, fmt.Errorf("write to %s at epoch %d: epochs start at 1 and never go back (last written: %d)", s.file.Path(), epoch, m.LastEpoch)
 	}
 	for i := range rows {
-		rows[i].Epoch = epoch
+		// Only assign when needed: batches shared with other readers
+		// already carry their epoch, and a write would race with them.
+		if rows[i].Epoch != epoch {
+			rows[i].Epoch = epoch
+		}
 	}
 	if len(rows) == 0 {
 		m := s.file.Meta()
@@ -239,6 +311,7 @@ func (s *Store) Write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 // segments) and then marks the store as holding every epoch up to
 // through.
 func (s *Store) Restore(ctx context.Context, rows []rowbatch.Row) (int, error) {
+	s.pending.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -249,6 +322,7 @@ func (s *Store) Restore(ctx context.Context, rows []rowbatch.Row) (int, error) {
 
 // MarkThrough records that the store holds every row up to epoch.
 func (s *Store) MarkThrough(ctx context.Context, epoch int64) error {
+	s.pending.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -261,6 +335,7 @@ func (s *Store) MarkThrough(ctx context.Context, epoch int64) error {
 
 // Get returns the newest row of (step, key); see snapfile.File.Get.
 func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, error) {
+	s.pending.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -273,6 +348,7 @@ func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, 
 // Pages are read under the store's lock one at a time, so a long scan does
 // not block other calls.
 func (s *Store) ScanPage(ctx context.Context, o snapfile.ScanOptions, cur snapfile.Cursor) ([]rowbatch.Row, snapfile.Cursor, bool, error) {
+	s.pending.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -284,6 +360,7 @@ func (s *Store) ScanPage(ctx context.Context, o snapfile.ScanOptions, cur snapfi
 // ScanPagePacked is ScanPage returning the page packed; see
 // snapfile.File.ScanPagePacked.
 func (s *Store) ScanPagePacked(ctx context.Context, o snapfile.ScanOptions, cur snapfile.Cursor) ([]byte, snapfile.Cursor, bool, error) {
+	s.pending.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -294,6 +371,7 @@ func (s *Store) ScanPagePacked(ctx context.Context, o snapfile.ScanOptions, cur 
 
 // Steps lists the step ids with rows.
 func (s *Store) Steps(ctx context.Context) ([]string, error) {
+	s.pending.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -304,6 +382,7 @@ func (s *Store) Steps(ctx context.Context) ([]string, error) {
 
 // Stats counts the store's rows.
 func (s *Store) Stats(ctx context.Context) (snapfile.Stats, error) {
+	s.pending.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -314,6 +393,7 @@ func (s *Store) Stats(ctx context.Context) (snapfile.Stats, error) {
 
 // DeleteFrom rolls back rows at or after epoch.
 func (s *Store) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
+	s.pending.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -337,6 +417,7 @@ func (s *Store) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
 // GC removes rows superseded at or before the committed epoch and records
 // how far it got, so the next GC only looks at newer rows.
 func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
+	s.pending.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -356,8 +437,17 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 	return n, nil
 }
 
-// Close closes the store and releases its lock. Closing twice is a no-op.
+// Close waits for background writes, closes the store and releases its
+// lock. Closing twice is a no-op.
 func (s *Store) Close() error {
+	s.pending.Wait()
+	s.asyncMu.Lock()
+	if s.async != nil {
+		close(s.async)
+		<-s.asyncDone
+		s.async = nil
+	}
+	s.asyncMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -367,6 +457,9 @@ func (s *Store) Close() error {
 	s.file = nil
 	if lerr := s.lock.release(); err == nil {
 		err = lerr
+	}
+	if aerr := s.asyncError(); err == nil {
+		err = aerr
 	}
 	return err
 }

@@ -426,11 +426,9 @@ class StateStore(_LiveState):
             raise_core_error(exc)
         t2 = time.perf_counter()
         self.last_snapshot_timing = {"python": t1 - t0, "go": t2 - t1}
-        for step_id, touched in self._dirty.items():
-            if touched:
-                self._stored_steps.add(step_id)
-                if step_id in self._builders:
-                    self._maybe_stored.add(step_id)
+        # Keys written by this store stay live (they are never evicted), so
+        # a miss can only be a key stored before it opened: steps first
+        # written now never need a lookup on a miss.
         self._clear_dirty()
         return int(written)
 
