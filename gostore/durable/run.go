@@ -361,22 +361,31 @@ func (r *Run) runUploads() {
 }
 
 func (r *Run) uploadWithRetry(path, key string) error {
+	return r.retry("segment upload", key, func() error { return r.cfg.Backup.Upload(r.ctx, path, key) })
+}
+
+// retry runs op up to UploadAttempts times with backoff, until it
+// succeeds or the run stops.
+func (r *Run) retry(what, key string, op func() error) error {
 	var err error
 	delay := 50 * time.Millisecond
 	for attempt := 1; attempt <= r.cfg.UploadAttempts; attempt++ {
-		if err = r.cfg.Backup.Upload(r.ctx, path, key); err == nil {
+		if err = op(); err == nil {
 			return nil
 		}
-		if r.ctx.Err() != nil {
-			return err
+		if r.ctx.Err() != nil || attempt == r.cfg.UploadAttempts {
+			break
 		}
-		r.cfg.Logger.Warn("segment upload failed; retrying", "key", key, "attempt", attempt, "err", err)
+		r.cfg.Logger.Warn(what+" failed; retrying", "key", key, "attempt", attempt, "err", err)
 		select {
 		case <-time.After(delay):
 		case <-r.ctx.Done():
 			return err
 		}
 		delay = min(delay*2, 2*time.Second)
+	}
+	if r.ctx.Err() != nil {
+		return err
 	}
 	return fmt.Errorf("gave up after %d attempts: %w", r.cfg.UploadAttempts, err)
 }
@@ -482,7 +491,11 @@ func (r *Run) tryCommit() {
 		Objects: append(append([]ObjectRef{}, r.record.Objects...), fresh...),
 	}
 	sortObjects(rec.Objects)
-	if err := writeCommit(r.ctx, r.cfg.Backup, rec); err != nil {
+	// A commit record is retried like a segment: one failed request must
+	// not stop the flow.
+	if err := r.retry("commit record upload", commitKey(r.cfg.FlowID, target), func() error {
+		return writeCommit(r.ctx, r.cfg.Backup, rec)
+	}); err != nil {
 		r.fail(fmt.Errorf("write commit record of epoch %d: %w", target, err))
 		return
 	}
@@ -570,6 +583,10 @@ func (r *Run) Finish(aborted bool) error {
 func (r *Run) Close() error {
 	if r.pipes != nil {
 		r.fail(errStopped)
+		// Without waiting for commits nothing in flight matters any more:
+		// cancel uploads (and their retries) so a hanging backend cannot
+		// hang Close.
+		r.cancel()
 		r.Finish(true)
 	}
 	var first error

@@ -1,0 +1,163 @@
+"""Bounded growth: 120 epochs in which 10% of 3000 keys change leave a
+durable footprint of at most 3x a compacted snapshot of the live state, and
+a local store of about 2x a freshly written one.
+
+The reference sizes come from a run that writes the same final state in a
+single epoch: its first segment is the serialized live state, its local
+store a compact local store of that state. A sampler thread records the
+largest sizes seen while the run is going, so growth that a clean stop
+hides (an unbounded write-ahead log) shows too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+import millpond.operators as op
+from millpond.dataflow import Dataflow
+from millpond.recovery import RecoveryConfig, SnapshotMode
+from millpond.testing import TestingSink, TestingSource, run_main
+
+N_KEYS = 3000
+CHANGED = N_KEYS // 10
+EPOCHS = 110
+PACE = 0.02  # seconds per epoch of user work, so background compaction keeps pace as with real epoch intervals
+
+
+def _flow(items: List[Tuple[str, str]], batch: int) -> Dataflow:
+    flow = Dataflow("grow")
+    s = op.input("inp", flow, TestingSource(items, batch_size=batch))
+
+    def pace(x):
+        if x[0] == "key000000":  # once per epoch: key 0 changes in every epoch
+            time.sleep(PACE)
+        return x
+
+    s = op.stateful_map("state", op.map("pace", s, pace), lambda st, v: (v, None))
+    op.output("out", op.filter("none", s, lambda kv: kv[1] is not None), TestingSink([]))
+    return flow
+
+
+def _items() -> Tuple[List[Tuple[str, str]], Dict[str, str]]:
+    rng = random.Random(7)
+    items = [(f"key{k:06d}", f"v0-{k}-" + "x" * 40) for k in range(N_KEYS)]
+    for e in range(EPOCHS):
+        for k in [0, *rng.sample(range(1, N_KEYS), CHANGED - 1)]:
+            items.append((f"key{k:06d}", f"v{e + 1}-{k}-" + "y" * 40))
+    return items, dict(items)
+
+
+class _Sampler(threading.Thread):
+    """Largest total bytes under each root, and per file pattern, while running."""
+
+    def __init__(self, roots: Dict[str, Path]) -> None:
+        super().__init__(daemon=True)
+        self.roots = roots
+        self.peak: Dict[str, int] = {name: 0 for name in roots}
+        self.files: Dict[str, int] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for name, root in self.roots.items():
+                total = 0
+                for dirpath, _dirs, files in os.walk(root):
+                    for f in files:
+                        path = os.path.join(dirpath, f)
+                        try:
+                            size = os.stat(path).st_size
+                        except FileNotFoundError:
+                            continue
+                        total += size
+                        pattern = name + ":" + re.sub(r"\d+", "N", os.path.relpath(path, root))
+                        self.files[pattern] = max(self.files.get(pattern, 0), size)
+                self.peak[name] = max(self.peak[name], total)
+            self.stop.wait(0.01)
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def _local_store_bytes(state: Path) -> int:
+    return sum(p.stat().st_size for p in state.rglob("store.sqlite*") if p.is_file())
+
+
+@pytest.fixture(scope="module")
+def growth(tmp_path_factory) -> Dict[str, Any]:
+    items, final = _items()
+    ref = tmp_path_factory.mktemp("ref")
+    (ref / "state").mkdir()
+    run_main(_flow(sorted(final.items()), len(final)), epoch_interval=timedelta(0),
+             recovery_config=RecoveryConfig(ref / "state", backup=str(ref / "backup")))
+    first = json.loads((ref / "backup" / "grow" / "commits" / f"{1:010d}.json").read_text())
+    (live,) = first["objects"]
+    assert live["rows"] >= N_KEYS
+
+    d = tmp_path_factory.mktemp("grow")
+    (d / "state").mkdir()
+    cfg = RecoveryConfig(d / "state", backup=str(d / "backup"), snapshot_mode=SnapshotMode.BATCH,
+                         retain_epochs=2, compact_min_bytes=64 << 10, compact_ratio=0.5)
+    sampler = _Sampler({"backup": d / "backup", "local": d / "state"})
+    sampler.start()
+    try:
+        run_main(_flow(items, CHANGED), epoch_interval=timedelta(0), recovery_config=cfg)
+    finally:
+        sampler.stop.set()
+        sampler.join()
+    return {
+        "live_bytes": live["size"],
+        "fresh_local_bytes": _local_store_bytes(ref / "state"),
+        "backup_bytes": _tree_bytes(d / "backup"),
+        "local_bytes": _local_store_bytes(d / "state"),
+        "peak": sampler.peak,
+        "files": sampler.files,
+        "dir": d,
+        "final": final,
+    }
+
+
+def test_durable_footprint_is_at_most_3x_the_live_state(growth):
+    ratio = growth["backup_bytes"] / growth["live_bytes"]
+    assert ratio <= 3.0, (growth["backup_bytes"], growth["live_bytes"], growth["peak"])
+
+
+def test_compacted_state_restores_to_the_final_state(growth):
+    # one more run over probe items reads every key's state back (a full resume)
+    import shutil
+
+    d = growth["dir"]
+    shutil.rmtree(d / "state")
+    (d / "state").mkdir()
+    out: List[Any] = []
+    flow = Dataflow("grow")
+    keys = sorted(growth["final"])
+    # the input resumes after the items of the growth run and reads the probes
+    s = op.input("inp", flow, TestingSource([*_items()[0], *[(k, None) for k in keys]], batch_size=CHANGED))
+    s = op.stateful_map("state", op.map("pace", s, lambda x: x), lambda st, v: (st if v is None else v, st))
+    op.output("out", s, TestingSink(out))
+    run_main(flow, epoch_interval=timedelta(0),
+             recovery_config=RecoveryConfig(d / "state", backup=str(d / "backup"), retain_epochs=2))
+    assert dict(out) == growth["final"]
+
+
+def test_local_store_after_the_run_is_about_2x_a_fresh_one(growth):
+    assert growth["local_bytes"] <= 2.5 * growth["fresh_local_bytes"], (growth["local_bytes"], growth["fresh_local_bytes"])
+
+
+@pytest.mark.xfail(strict=True, reason="bug: the local store's SQLite write-ahead log (store.sqlite-wal) grows "
+                   "without bound while a flow runs (~1 MB per epoch of 300 changed keys here, >100x the live "
+                   "state after 120 epochs); it is only truncated when the run finishes")
+def test_local_store_stays_bounded_while_running(growth):
+    wal = growth["files"].get("local:grow/worker-N/store.sqlite-wal", 0)
+    assert wal <= 2 * growth["fresh_local_bytes"], (wal, growth["fresh_local_bytes"])
