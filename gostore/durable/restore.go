@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/millpond/millpond/gostore/backup"
 	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/localstore"
 	"github.com/millpond/millpond/gostore/rowbatch"
@@ -56,8 +57,11 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 	}
 	committed := r.state.Commit.Epoch
 	info := RestoreInfo{Kind: ResumeFull}
+	marker := filepath.Join(localstore.WorkerDir(r.cfg.LocalDir, r.cfg.FlowID, w), rebuildMarker)
 	if committed == 0 {
 		info.Kind, info.Reason = ResumeFresh, "nothing committed yet"
+	} else if _, err := os.Stat(marker); err == nil {
+		info.Reason = "an earlier rebuild of the local store did not finish"
 	} else if meta, err := localstore.Inspect(ctx, r.cfg.LocalDir, r.cfg.FlowID, w); err != nil {
 		info.Reason = fmt.Sprintf("no usable local store (%v)", err)
 		if errors.Is(err, os.ErrNotExist) {
@@ -71,6 +75,14 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 			info.Reason = fmt.Sprintf("worker count changed from %d to %d", meta.WorkerCount, r.cfg.WorkerCount)
 		case meta.LastEpoch < committed:
 			info.Reason = fmt.Sprintf("local store holds epochs up to %d, committed is %d", meta.LastEpoch, committed)
+		case meta.Execution < r.state.Commit.Execution:
+			// Executions run one after another: a store last opened before
+			// the execution that wrote the newest commit missed that
+			// execution's epochs, and rows it holds past its own last
+			// commit were never committed (another machine committed
+			// those epochs with other rows).
+			info.Reason = fmt.Sprintf("local store was last opened by execution %d, before execution %d that wrote the newest commit",
+				meta.Execution, r.state.Commit.Execution)
 		case meta.GCEpoch > committed:
 			info.Reason = fmt.Sprintf("local store was collected up to epoch %d, past the committed %d", meta.GCEpoch, committed)
 		default:
@@ -87,10 +99,21 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 		return info, err
 	}
 	if info.Kind == ResumeFull {
+		// Rows restored so far can already reach the committed epoch; the
+		// marker keeps a store whose rebuild was killed from passing for
+		// current.
+		if err := writeMarker(marker); err != nil {
+			store.Close()
+			return info, err
+		}
 		if err := r.rebuild(ctx, w, store, &info); err != nil {
 			store.Close()
 			localstore.Remove(r.cfg.LocalDir, r.cfg.FlowID, w)
 			return info, err
+		}
+		if err := os.Remove(marker); err != nil {
+			store.Close()
+			return info, fmt.Errorf("finish rebuild of worker %d: %w", w, err)
 		}
 	}
 	if info.Kind == ResumeFast {
@@ -192,4 +215,15 @@ func applyObject(ctx context.Context, store *localstore.Store, o ObjectRef, path
 		return n, fmt.Errorf("restore from %s: %w", o.Key, err)
 	}
 	return n, nil
+}
+
+// rebuildMarker is a file in a worker's directory while its local store
+// is being rebuilt from the durable store.
+const rebuildMarker = "REBUILDING"
+
+func writeMarker(path string) error {
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		return fmt.Errorf("mark rebuild: %w", err)
+	}
+	return backup.SyncDir(filepath.Dir(path))
 }

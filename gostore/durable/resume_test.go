@@ -93,6 +93,9 @@ func TestFullResume(t *testing.T) {
 			assert.Equal(t, int64(7), run.ResumeEpoch())
 			assert.Equal(t, repeat(c.wantKind, c.after), kinds(infos))
 			requireModel(t, h.hist.at[6], stateOf(t, run, c.after, h.kgc))
+			if c.before == c.after {
+				return
+			}
 			// Keep going on the new layout, then resume once more.
 			h.epochs(run, c.after, 7, 9, g)
 			require.NoError(t, run.Finish(false))
