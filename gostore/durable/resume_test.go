@@ -203,3 +203,35 @@ func TestDeletionsNeverResurface(t *testing.T) {
 	requireModel(t, h.hist.at[6], stateOf(t, run, 3, h.kgc))
 	require.NoError(t, run.Close())
 }
+
+// A worker without changes in an epoch still closes it; its local store is
+// current for a fast resume whether or not it got an empty Write.
+func TestIdleWorkerStillFastResumes(t *testing.T) {
+	for _, emptyWrite := range []bool{true, false} {
+		t.Run(map[bool]string{true: "empty write", false: "no write"}[emptyWrite], func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			run, _ := h.open(h.config(2))
+			h.epochs(run, 2, 1, 2, updatesGen(60, 0.5, false))
+			// Epoch 3: only worker 0 has changes.
+			rows := route(rowsOf([]string{"a", "b", "c", "d", "e", "f", "g", "h"}, "three", false), 2, h.kgc)
+			require.NotEmpty(t, rows[0])
+			_, err := run.Write(ctx, 0, 3, rows[0])
+			require.NoError(t, err)
+			if emptyWrite {
+				_, err = run.Write(ctx, 1, 3, nil)
+				require.NoError(t, err)
+			}
+			require.NoError(t, run.CloseEpoch(0, 3))
+			require.NoError(t, run.CloseEpoch(1, 3))
+			h.m.apply(rows[0])
+			require.NoError(t, run.Finish(false))
+			require.NoError(t, run.Close())
+			assert.Equal(t, int64(3), readState(t, h.bk).Commit.Epoch)
+
+			run, infos := h.open(h.config(2))
+			assert.Equal(t, repeat(durable.ResumeFast, 2), kinds(infos), infos[1].Reason)
+			requireModel(t, h.m, stateOf(t, run, 2, h.kgc))
+		})
+	}
+}

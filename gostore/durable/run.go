@@ -446,6 +446,12 @@ func (r *Run) CloseEpoch(w int, epoch int64) error {
 	if err != nil {
 		return err
 	}
+	// A worker that wrote nothing in this epoch still holds every row of
+	// it: say so, or its next resume rebuilds a store that was current.
+	// (A no-op when rows of the epoch were written.)
+	if _, err := r.stores[w].Write(context.Background(), epoch, nil); err != nil {
+		return err
+	}
 	r.pipes[w].events <- compactor.Event{Epoch: epoch, Close: true}
 	start := time.Now()
 	r.mu.Lock()
