@@ -390,11 +390,18 @@ func (r *Run) retry(what, key string, op func() error) error {
 	return fmt.Errorf("gave up after %d attempts: %w", r.cfg.UploadAttempts, err)
 }
 
+// errNotRunning is returned by Write and CloseEpoch before Start or after
+// Finish (the pipes they feed do not exist then).
+var errNotRunning = errors.New("recovery run is not started or already finished")
+
 // Write stores a snapshot batch of worker w at epoch in its local store and
 // queues it for the worker's segment.
 func (r *Run) Write(ctx context.Context, w int, epoch int64, rows []rowbatch.Row) (int, error) {
 	if err := r.Err(); err != nil {
 		return 0, err
+	}
+	if r.pipes == nil {
+		return 0, errNotRunning
 	}
 	n, err := r.stores[w].Write(ctx, epoch, rows)
 	if err != nil {
@@ -436,6 +443,9 @@ func copyRows(rows []rowbatch.Row) []rowbatch.Row {
 // CloseEpoch waits while more than MaxEpochsInFlight epochs are closed but
 // not committed, and returns the pipeline's error if it failed.
 func (r *Run) CloseEpoch(w int, epoch int64) error {
+	if r.pipes == nil {
+		return errNotRunning
+	}
 	r.mu.Lock()
 	es := r.epochLocked(epoch)
 	if !es.closeSet {
