@@ -97,9 +97,34 @@ type backupHandle struct {
 	py *pyBackup
 }
 
+// liveGetenv reads the C environment as it is now. Go's os.Getenv sees a
+// copy taken when the runtime started, so variables a Python program sets
+// later (os.environ[...] = ...) would be invisible to it. Explicit values
+// win over the environment.
+func liveGetenv(explicit map[string]string) func(string) string {
+	return func(name string) string {
+		if v, ok := explicit[name]; ok && v != "" {
+			return v
+		}
+		cname := C.CString(name)
+		defer C.free(unsafe.Pointer(cname))
+		if v := C.getenv(cname); v != nil {
+			return C.GoString(v)
+		}
+		return ""
+	}
+}
+
+// mp_backup_open opens the backup a URI names. Non-empty credentials
+// override the AWS_* environment.
+//
 //export mp_backup_open
-func mp_backup_open(uri *C.char, out *C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
-	b, err := backupuri.Open(context.Background(), C.GoString(uri))
+func mp_backup_open(uri, keyID, secret, token *C.char, out *C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
+	getenv := liveGetenv(map[string]string{
+		"AWS_ACCESS_KEY_ID": C.GoString(keyID), "AWS_SECRET_ACCESS_KEY": C.GoString(secret),
+		"AWS_SESSION_TOKEN": C.GoString(token),
+	})
+	b, err := backupuri.Open(context.Background(), C.GoString(uri), backupuri.WithGetenv(getenv))
 	if err != nil {
 		return setErr(withKind(kindConfig, err), errKind, errMsg)
 	}

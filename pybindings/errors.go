@@ -80,6 +80,8 @@ func kindOf(err error) int {
 		return kindClosed
 	case errors.Is(err, durable.ErrCorrupt):
 		return kindCorrupt
+	case errors.Is(err, durable.ErrBackup):
+		return kindBackup
 	case errors.Is(err, os.ErrNotExist), errors.Is(err, backup.ErrNotFound):
 		return kindNotFound
 	}

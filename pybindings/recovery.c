@@ -23,10 +23,10 @@ static PyObject *take_str(char *s) {
 }
 
 PyObject *mp_backup_open_py(PyObject *self, PyObject *args) {
-    const char *uri;
-    if (!PyArg_ParseTuple(args, "s", &uri)) return NULL;
+    const char *uri, *key = "", *secret = "", *token = "";
+    if (!PyArg_ParseTuple(args, "s|sss", &uri, &key, &secret, &token)) return NULL;
     uintptr_t h = 0;
-    CALL_GO(mp_backup_open((char *)uri, &h, &kind, &msg));
+    CALL_GO(mp_backup_open((char *)uri, (char *)key, (char *)secret, (char *)token, &h, &kind, &msg));
     return PyLong_FromUnsignedLongLong(h);
 }
 

@@ -175,9 +175,6 @@ print(b.list_keys())
 """
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the Go core reads AWS_* from the environment the process started "
-                   "with; credentials set in os.environ by Python (even before millpond._core loads) are ignored, "
-                   "and S3Backup takes no explicit credentials")
 def test_s3_credentials_set_in_os_environ_are_used(tmp_path, s3_server):
     res = run_child(_ENV_AFTER_START, s3_server, tmp_path, aws=False, check=False)
     assert res.returncode == 0, res.stderr[-2000:]

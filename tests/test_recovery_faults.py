@@ -177,9 +177,6 @@ def test_a_backup_that_cannot_list_fails_before_processing(tmp_path):
     assert out == []
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="bug: a backup failure while opening a recovery run (list fails, endpoint unreachable) "
-                   "surfaces as StateStoreError (core error kind 1), not BackupError/RecoveryError")
 def test_a_backup_that_cannot_list_raises_a_backup_error(tmp_path):
     (tmp_path / "state").mkdir()
     cfg = RecoveryConfig(tmp_path / "state", backup=ListFailingBackup(tmp_path / "b", fail_at=10**9))
@@ -222,8 +219,6 @@ def test_unreachable_s3_endpoint_on_first_use_is_a_clear_error(tmp_path):
     assert endpoint in message and "cannot reach" in message, message
 
 
-@pytest.mark.xfail(strict=True, reason="bug: an unreachable S3 endpoint at the start of a run is a StateStoreError "
-                   "(core error kind 1), not a BackupError")
 def test_unreachable_s3_endpoint_is_a_backup_error(tmp_path):
     _endpoint, kind, _message = _unreachable_endpoint(tmp_path)
     assert kind == "BackupError True", kind

@@ -155,9 +155,6 @@ def test_local_store_after_the_run_is_about_2x_a_fresh_one(growth):
     assert growth["local_bytes"] <= 2.5 * growth["fresh_local_bytes"], (growth["local_bytes"], growth["fresh_local_bytes"])
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the local store's SQLite write-ahead log (store.sqlite-wal) grows "
-                   "without bound while a flow runs (~1 MB per epoch of 300 changed keys here, >100x the live "
-                   "state after 120 epochs); it is only truncated when the run finishes")
 def test_local_store_stays_bounded_while_running(growth):
     wal = growth["files"].get("local:grow/worker-N/store.sqlite-wal", 0)
     assert wal <= 2 * growth["fresh_local_bytes"], (wal, growth["fresh_local_bytes"])

@@ -171,7 +171,7 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 	}
 	if c, ok := cfg.Backup.(backup.Checker); ok {
 		if err := c.Check(ctx); err != nil {
-			return nil, fmt.Errorf("open recovery for flow %q: backup %s is not usable: %w", cfg.FlowID, cfg.Backup, err)
+			return nil, fmt.Errorf("open recovery for flow %q: %w: backup %s is not usable: %w", cfg.FlowID, ErrBackup, cfg.Backup, err)
 		}
 	}
 	st, err := ReadState(ctx, cfg.Backup, cfg.FlowID)
@@ -387,7 +387,7 @@ func (r *Run) retry(what, key string, op func() error) error {
 	if r.ctx.Err() != nil {
 		return err
 	}
-	return fmt.Errorf("gave up after %d attempts: %w", r.cfg.UploadAttempts, err)
+	return fmt.Errorf("%w: gave up after %d attempts: %w", ErrBackup, r.cfg.UploadAttempts, err)
 }
 
 // errNotRunning is returned by Write and CloseEpoch before Start or after
@@ -403,15 +403,19 @@ func (r *Run) Write(ctx context.Context, w int, epoch int64, rows []rowbatch.Row
 	if r.pipes == nil {
 		return 0, errNotRunning
 	}
-	n, err := r.stores[w].Write(ctx, epoch, rows)
-	if err != nil {
+	// The rows alias the caller's buffer; the local writer and the pipe
+	// outlive it, and share one copy (neither changes it).
+	batch := copyRows(rows)
+	for i := range batch {
+		batch[i].Epoch = epoch
+	}
+	if err := r.stores[w].WriteAsync(epoch, batch); err != nil {
 		return 0, err
 	}
-	if len(rows) > 0 {
-		// The rows alias the caller's buffer; the pipe outlives it.
-		r.pipes[w].events <- compactor.Event{Epoch: epoch, Rows: copyRows(rows)}
+	if len(batch) > 0 {
+		r.pipes[w].events <- compactor.Event{Epoch: epoch, Rows: batch}
 	}
-	return n, nil
+	return len(batch), nil
 }
 
 func copyRows(rows []rowbatch.Row) []rowbatch.Row {
@@ -587,6 +591,12 @@ func (r *Run) Finish(aborted bool) error {
 	r.wg.Wait()
 	r.cancel()
 	r.pipes = nil
+	for _, s := range r.stores {
+		// The next run's fast resume needs the local store complete.
+		if ferr := s.Flush(); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
 	if err == nil {
 		// The last commit's garbage is collected now rather than left to
 		// the next run.

@@ -85,10 +85,13 @@ type Store struct {
 	// every read and synchronous write waits for them first.
 	asyncOnce sync.Once
 	async     chan asyncBatch
-	pending   sync.WaitGroup
-	asyncMu   sync.Mutex
-	asyncErr  error
 	asyncDone chan struct{}
+	// pending counts queued batches. A WaitGroup does not fit: Add may run
+	// while another goroutine waits at zero.
+	asyncMu  sync.Mutex
+	idle     *sync.Cond
+	pending  int
+	asyncErr error
 }
 
 type asyncBatch struct {
@@ -167,7 +170,9 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 		f.Close()
 		return nil, fmt.Errorf("open local store: %w", err)
 	}
-	return &Store{cfg: cfg, file: f}, nil
+	st := &Store{cfg: cfg, file: f}
+	st.idle = sync.NewCond(&st.asyncMu)
+	return st, nil
 }
 
 func checkMeta(path string, got, want snapfile.Meta) error {
@@ -245,10 +250,13 @@ func (s *Store) WriteAsync(epoch int64, rows []rowbatch.Row) error {
 		s.asyncDone = make(chan struct{})
 		go s.runAsync()
 	})
-	if err := s.asyncError(); err != nil {
+	s.asyncMu.Lock()
+	if err := s.asyncErr; err != nil {
+		s.asyncMu.Unlock()
 		return err
 	}
-	s.pending.Add(1)
+	s.pending++
+	s.asyncMu.Unlock()
 	s.async <- asyncBatch{epoch: epoch, rows: rows}
 	return nil
 }
@@ -256,14 +264,19 @@ func (s *Store) WriteAsync(epoch int64, rows []rowbatch.Row) error {
 func (s *Store) runAsync() {
 	defer close(s.asyncDone)
 	for b := range s.async {
+		var err error
 		if s.asyncError() == nil {
-			if _, err := s.write(context.Background(), b.epoch, b.rows); err != nil {
-				s.asyncMu.Lock()
-				s.asyncErr = fmt.Errorf("background write of epoch %d: %w", b.epoch, err)
-				s.asyncMu.Unlock()
-			}
+			_, err = s.write(context.Background(), b.epoch, b.rows)
 		}
-		s.pending.Done()
+		s.asyncMu.Lock()
+		if err != nil && s.asyncErr == nil {
+			s.asyncErr = fmt.Errorf("background write of epoch %d: %w", b.epoch, err)
+		}
+		s.pending--
+		if s.pending == 0 {
+			s.idle.Broadcast()
+		}
+		s.asyncMu.Unlock()
 	}
 }
 
@@ -276,8 +289,16 @@ func (s *Store) asyncError() error {
 // Flush waits until every queued background write is done and returns
 // the first one's error, if any.
 func (s *Store) Flush() error {
-	s.pending.Wait()
+	s.waitIdle()
 	return s.asyncError()
+}
+
+func (s *Store) waitIdle() {
+	s.asyncMu.Lock()
+	for s.pending > 0 {
+		s.idle.Wait()
+	}
+	s.asyncMu.Unlock()
 }
 
 func (s *Store) write(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
@@ -311,7 +332,7 @@ func (s *Store) write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 // segments) and then marks the store as holding every epoch up to
 // through.
 func (s *Store) Restore(ctx context.Context, rows []rowbatch.Row) (int, error) {
-	s.pending.Wait()
+	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -322,7 +343,7 @@ func (s *Store) Restore(ctx context.Context, rows []rowbatch.Row) (int, error) {
 
 // MarkThrough records that the store holds every row up to epoch.
 func (s *Store) MarkThrough(ctx context.Context, epoch int64) error {
-	s.pending.Wait()
+	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -335,7 +356,7 @@ func (s *Store) MarkThrough(ctx context.Context, epoch int64) error {
 
 // Get returns the newest row of (step, key); see snapfile.File.Get.
 func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, error) {
-	s.pending.Wait()
+	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -348,7 +369,7 @@ func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, 
 // Pages are read under the store's lock one at a time, so a long scan does
 // not block other calls.
 func (s *Store) ScanPage(ctx context.Context, o snapfile.ScanOptions, cur snapfile.Cursor) ([]rowbatch.Row, snapfile.Cursor, bool, error) {
-	s.pending.Wait()
+	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -360,7 +381,7 @@ func (s *Store) ScanPage(ctx context.Context, o snapfile.ScanOptions, cur snapfi
 // ScanPagePacked is ScanPage returning the page packed; see
 // snapfile.File.ScanPagePacked.
 func (s *Store) ScanPagePacked(ctx context.Context, o snapfile.ScanOptions, cur snapfile.Cursor) ([]byte, snapfile.Cursor, bool, error) {
-	s.pending.Wait()
+	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -371,7 +392,7 @@ func (s *Store) ScanPagePacked(ctx context.Context, o snapfile.ScanOptions, cur 
 
 // Steps lists the step ids with rows.
 func (s *Store) Steps(ctx context.Context) ([]string, error) {
-	s.pending.Wait()
+	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -382,7 +403,7 @@ func (s *Store) Steps(ctx context.Context) ([]string, error) {
 
 // Stats counts the store's rows.
 func (s *Store) Stats(ctx context.Context) (snapfile.Stats, error) {
-	s.pending.Wait()
+	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -393,7 +414,7 @@ func (s *Store) Stats(ctx context.Context) (snapfile.Stats, error) {
 
 // DeleteFrom rolls back rows at or after epoch.
 func (s *Store) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
-	s.pending.Wait()
+	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -417,7 +438,7 @@ func (s *Store) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
 // GC removes rows superseded at or before the committed epoch and records
 // how far it got, so the next GC only looks at newer rows.
 func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
-	s.pending.Wait()
+	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -440,14 +461,12 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 // Close waits for background writes, closes the store and releases its
 // lock. Closing twice is a no-op.
 func (s *Store) Close() error {
-	s.pending.Wait()
-	s.asyncMu.Lock()
+	s.waitIdle()
 	if s.async != nil {
 		close(s.async)
 		<-s.asyncDone
 		s.async = nil
 	}
-	s.asyncMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {

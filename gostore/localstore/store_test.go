@@ -233,3 +233,48 @@ func TestCrashChild(t *testing.T) {
 		os.Stdout.Sync()
 	}
 }
+
+// TestWriteAsyncKeepsOrderAndReadsSeeIt writes batches in the background
+// while another goroutine reads and collects garbage: reads must see every
+// batch queued before them, and the last write must win.
+func TestWriteAsyncKeepsOrderAndReadsSeeIt(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	stop := make(chan struct{})
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			_, _, _ = s.Get(ctx, "wc.count", "k")
+			_, _ = s.GC(ctx, 1)
+		}
+	}()
+	for e := int64(1); e <= 50; e++ {
+		require.NoError(t, s.WriteAsync(e, []rowbatch.Row{put("k", strconv.FormatInt(e, 10))}))
+		r, found, err := s.Get(ctx, "wc.count", "k")
+		require.NoError(t, err)
+		require.True(t, found)
+		assert.Equal(t, strconv.FormatInt(e, 10), string(r.Value), "a read waits for queued writes")
+	}
+	close(stop)
+	<-readerDone
+	require.NoError(t, s.Close())
+}
+
+func TestWriteAsyncErrorSurfacesOnNextCall(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	require.NoError(t, s.WriteAsync(5, []rowbatch.Row{put("a", "1")}))
+	require.NoError(t, s.WriteAsync(3, []rowbatch.Row{put("a", "2")})) // goes back in time: fails in the background
+	err = s.Flush()
+	require.ErrorContains(t, err, "never go back")
+	require.Error(t, s.WriteAsync(6, nil))
+}

@@ -56,9 +56,6 @@ type File struct {
 	path string
 	meta Meta
 	opts Options
-	// walBytes estimates what was appended to the WAL since the last
-	// checkpoint.
-	walBytes int64
 }
 
 func dsn(path string, o Options) string {

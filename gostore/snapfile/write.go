@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
@@ -75,7 +76,7 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 		return 0, fmt.Errorf("commit %d rows to %s: %w", len(rows), f.path, err)
 	}
 	f.meta.LastEpoch = newest
-	f.maybeCheckpoint(ctx, rows)
+	f.MaybeCheckpoint(ctx)
 	return len(rows), nil
 }
 
@@ -187,28 +188,32 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
 	}
+	f.MaybeCheckpoint(ctx)
 	return superseded + tombstones, nil
 }
 
-// checkpointBytes is how much a local store may append to its WAL before
-// the WAL is folded back into the file. Automatic checkpoints are off
-// because they run inside a commit and doubled the cost of small writes.
-const checkpointBytes = 64 << 20
+// minCheckpointBytes is the WAL size below which a local store is never
+// checkpointed. Automatic checkpoints are off because they run inside a
+// commit and doubled the cost of small writes; MaybeCheckpoint runs after.
+const minCheckpointBytes = 512 << 10
 
-func (f *File) maybeCheckpoint(ctx context.Context, rows []rowbatch.Row) {
+// MaybeCheckpoint folds the WAL back into the file once it is larger than
+// the file itself (and minCheckpointBytes), which bounds the local store's
+// disk use to about twice its data. The WAL's real size is what counts: a
+// row rewritten in place dirties a whole page, so row bytes say little.
+func (f *File) MaybeCheckpoint(ctx context.Context) {
 	if f.opts.Segment {
 		return
 	}
-	for i := range rows {
-		f.walBytes += int64(len(rows[i].StepID) + len(rows[i].Key) + len(rows[i].Value) + 32)
+	wal, err := os.Stat(f.path + "-wal")
+	if err != nil || wal.Size() < minCheckpointBytes {
+		return
 	}
-	if f.walBytes < checkpointBytes {
+	if db, err := os.Stat(f.path); err == nil && wal.Size() < db.Size() {
 		return
 	}
 	// A failed checkpoint only leaves the WAL longer; the data is safe.
-	if err := f.Checkpoint(ctx); err == nil {
-		f.walBytes = 0
-	}
+	f.Checkpoint(ctx)
 }
 
 // Checkpoint folds the WAL back into the file and truncates it.

@@ -60,9 +60,9 @@ class Backup(Protocol):
 class _CoreBackup:
     """A backup implemented in the Go core, reached through a handle."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, credentials: tuple[str, str, str] = ("", "", "")) -> None:
         try:
-            self._handle: Optional[int] = core().backup_open(uri)
+            self._handle: Optional[int] = core().backup_open(uri, *credentials)
         except core().CoreError as exc:
             raise_core_error(exc)
         self.uri = uri
@@ -139,19 +139,23 @@ class S3Backup(_CoreBackup):
     ``endpoint_url`` switches to path-style addressing for S3-compatible
     servers. Credentials come from the standard ``AWS_*`` environment
     variables. Large objects upload in parts; throttling and 5xx answers are
-    retried with backoff.
+    retried with backoff. ``access_key_id``/``secret_access_key``/
+    ``session_token`` override the environment when given.
     """
 
     def __init__(self, bucket: str, prefix: str = "", endpoint_url: Optional[str] = None,
-                 region: Optional[str] = None) -> None:
+                 region: Optional[str] = None, *, access_key_id: Optional[str] = None,
+                 secret_access_key: Optional[str] = None, session_token: Optional[str] = None) -> None:
         if not bucket:
             raise ValueError("S3Backup needs a bucket name")
         query = {k: v for k, v in (("endpoint", endpoint_url), ("region", region)) if v}
         uri = f"s3://{bucket}/{quote(prefix.strip('/'))}"
         if query:
             uri += "?" + urlencode(query)
+        if bool(access_key_id) != bool(secret_access_key):
+            raise ValueError("S3Backup needs both access_key_id and secret_access_key, or neither")
         self.bucket, self.prefix = bucket, prefix
-        super().__init__(uri)
+        super().__init__(uri, (access_key_id or "", secret_access_key or "", session_token or ""))
 
 
 def backup_from_uri(uri: str) -> _CoreBackup:
