@@ -185,7 +185,9 @@ func TestCrashPoints(t *testing.T) {
 			st := readState(t, h.bk)
 			committed := st.Commit.Epoch
 			if c.runFails {
-				assert.Less(t, committed, int64(8))
+				// A record whose upload landed but was reported failed
+				// (call-through) is committed all the same.
+				assert.LessOrEqual(t, committed, int64(8))
 			} else {
 				assert.Equal(t, int64(8), committed)
 			}
@@ -203,11 +205,14 @@ func TestCrashPoints(t *testing.T) {
 			// The store keeps working after the crash, and its garbage goes.
 			h.rollback(committed)
 			run, _ = h.open(h.config(2, func(c *durable.Config) { c.CompactMinBytes = 1; c.RetainEpochs = 1 }))
-			h.epochs(run, 2, committed+1, committed+3, g)
+			h.epochs(run, 2, committed+1, max(committed+2, 9), g) // past every epoch the crashed run uploaded
 			require.NoError(t, run.Finish(false))
 			require.NoError(t, run.Close())
 			st = readState(t, h.bk)
 			assertCommitComplete(t, h.bk, st)
+			// Whatever the crash left (uploaded but never committed
+			// segments, compacted objects no record names) is collected.
+			assertNoGarbage(t, h.bk)
 			h.wipeLocal()
 			run, _ = h.open(h.config(3))
 			requireModel(t, h.m, stateOf(t, run, 3, h.kgc))

@@ -197,3 +197,46 @@ func compactedSize(t *testing.T, m model) int64 {
 	require.NoError(t, err)
 	return st.Size()
 }
+
+// In immediate mode one key can get several rows of one epoch in separate
+// segments; the last one written wins, after compaction and on any layout.
+func TestSameKeyTwiceInOneEpoch(t *testing.T) {
+	for _, mode := range []durable.SnapshotMode{durable.SnapshotBatch, durable.SnapshotImmediate} {
+		t.Run(modeName(mode), func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			cfg := h.config(1, func(c *durable.Config) { c.Mode = mode })
+			run, _ := h.open(cfg)
+			keys := []string{"a", "b", "c", "d"}
+			batches := [][]rowbatch.Row{
+				rowsOf(keys, "first", false),
+				rowsOf(keys[:2], "", true),         // a, b deleted...
+				rowsOf(keys[1:3], "second", false), // ...b back; c changed
+				rowsOf(keys[3:], "", true),         // d deleted
+			}
+			for _, b := range batches {
+				_, err := run.Write(ctx, 0, 1, b)
+				require.NoError(t, err)
+				h.m.apply(b)
+			}
+			require.NoError(t, run.CloseEpoch(0, 1))
+			h.hist.record(1, h.m)
+			require.NoError(t, run.Finish(false))
+			requireModel(t, h.m, stateOf(t, run, 1, h.kgc))
+			require.NoError(t, run.Close())
+			want := model{mkey("s", "b"): "second-b", mkey("s", "c"): "second-c"}
+			requireModel(t, want, h.m)
+
+			h.wipeLocal()
+			run, _ = h.open(h.config(2, func(c *durable.Config) { c.Mode = mode; c.CompactMinBytes = 1 }))
+			requireModel(t, want, stateOf(t, run, 2, h.kgc))
+			h.epochs(run, 2, 2, 3, func(e int64) []rowbatch.Row { return rowsOf([]string{"z"}, "z", false) })
+			require.NoError(t, run.Finish(false))
+			assert.Positive(t, run.Metrics().Compactions)
+			require.NoError(t, run.Close())
+			h.wipeLocal()
+			run, _ = h.open(h.config(3))
+			requireModel(t, h.m, stateOf(t, run, 3, h.kgc))
+		})
+	}
+}

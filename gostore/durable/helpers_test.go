@@ -2,6 +2,7 @@ package durable_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/millpond/millpond/gostore/backup"
@@ -320,3 +322,27 @@ const (
 	waitFor = 10 * time.Second
 	tick    = 5 * time.Millisecond
 )
+
+// assertNoGarbage checks that every segment and compacted object in the
+// backup is named by a commit record that is still there.
+func assertNoGarbage(t *testing.T, b backup.Backup) {
+	t.Helper()
+	ctx := context.Background()
+	referenced := map[string]bool{}
+	for _, o := range list(t, b, "commits/") {
+		tmp := filepath.Join(t.TempDir(), "rec.json")
+		require.NoError(t, b.Download(ctx, o.Key, tmp))
+		data, err := os.ReadFile(tmp)
+		require.NoError(t, err)
+		var rec durable.CommitRecord
+		require.NoError(t, json.Unmarshal(data, &rec), o.Key)
+		for _, ref := range rec.Objects {
+			referenced[ref.Key] = true
+		}
+	}
+	for _, sub := range []string{"segments/", "compacted/"} {
+		for _, o := range list(t, b, sub) {
+			assert.True(t, referenced[o.Key], "%s is named by no commit record: garbage left behind", o.Key)
+		}
+	}
+}
