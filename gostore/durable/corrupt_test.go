@@ -102,6 +102,7 @@ func TestCorruptObjects(t *testing.T) {
 				assert.ErrorIs(t, failed, durable.ErrCorrupt)
 			}
 			assert.Contains(t, failed.Error(), key)
+			t.Log(failed)
 		})
 	}
 }
