@@ -462,8 +462,9 @@ func (r *Run) CloseEpoch(w int, epoch int64) error {
 	}
 	// A worker that wrote nothing in this epoch still holds every row of
 	// it: say so, or its next resume rebuilds a store that was current.
-	// (A no-op when rows of the epoch were written.)
-	if _, err := r.stores[w].Write(context.Background(), epoch, nil); err != nil {
+	// (A no-op when rows of the epoch were written.) Queued behind the
+	// epoch's rows, so the close never waits for the local writer.
+	if err := r.stores[w].WriteAsync(epoch, nil); err != nil {
 		return err
 	}
 	r.pipes[w].events <- compactor.Event{Epoch: epoch, Close: true}
