@@ -2,6 +2,7 @@ package durable_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -213,6 +214,7 @@ func TestCrashPoints(t *testing.T) {
 			// Whatever the crash left (uploaded but never committed
 			// segments, compacted objects no record names) is collected.
 			assertNoGarbage(t, h.bk)
+			assertRetainedRecordsComplete(t, h.bk)
 			h.wipeLocal()
 			run, _ = h.open(h.config(3))
 			requireModel(t, h.m, stateOf(t, run, 3, h.kgc))
@@ -309,4 +311,41 @@ func TestCloseWithHangingUpload(t *testing.T) {
 	}
 	assert.Zero(t, readState(t, h.bk).Commit.Epoch)
 	_ = os.Remove // keep imports stable
+}
+
+// Every commit record still in the backup names objects that exist:
+// point-in-time restore of every retained epoch works.
+func assertRetainedRecordsComplete(t *testing.T, b backup.Backup) {
+	t.Helper()
+	ctx := context.Background()
+	present := map[string]bool{}
+	for _, o := range list(t, b, "") {
+		present[o.Key] = true
+	}
+	for _, o := range list(t, b, "commits/") {
+		tmp := t.TempDir() + "/rec.json"
+		require.NoError(t, b.Download(ctx, o.Key, tmp))
+		data, err := os.ReadFile(tmp)
+		require.NoError(t, err)
+		var rec durable.CommitRecord
+		require.NoError(t, json.Unmarshal(data, &rec))
+		for _, ref := range rec.Objects {
+			assert.True(t, present[ref.Key], "retained commit %s names deleted %s", o.Key, ref.Key)
+		}
+	}
+}
+
+// Durable GC reads the retained commit records to know what they protect;
+// when reading one fails (a network error), it must not delete what that
+// record names.
+func TestGCKeepsObjectsOfUnreadableRecords(t *testing.T) {
+	h := newHarness(t)
+	fb := faultbackup.New(h.bk, faultbackup.FromNth(faultbackup.OpDownload, 1, nil).WithKeyPrefix(testFlow+"/commits/"))
+	cfg := h.config(1, func(c *durable.Config) { c.Backup = fb; c.CompactMinBytes = 1; c.RetainEpochs = 3 })
+	run, _ := h.open(cfg)
+	h.epochs(run, 1, 1, 10, updatesGen(60, 0.3, true))
+	require.NoError(t, run.Finish(false))
+	require.NoError(t, run.Close())
+	assert.Positive(t, fb.Failures(faultbackup.OpDownload))
+	assertRetainedRecordsComplete(t, h.bk)
 }

@@ -141,6 +141,7 @@ func TestCompactionBoundsDurableFootprint(t *testing.T) {
 	assert.LessOrEqual(t, float64(bytes), 3*float64(live), "durable footprint exceeds 3x the compacted live state")
 	assert.Len(t, list(t, h.bk, "executions/"), 1)
 
+	assertRetainedRecordsComplete(t, h.bk)
 	// The newest commit record names objects that exist.
 	st := readState(t, h.bk)
 	present := map[string]bool{}

@@ -2,6 +2,7 @@ package durable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -202,10 +203,15 @@ func (r *Run) collectGarbage(ctx context.Context) error {
 			continue
 		}
 		rec, err := readCommit(ctx, b, flow, e)
+		if err != nil && !errors.Is(err, ErrCorrupt) {
+			// Not knowing what a retained record names, nothing may go:
+			// a failed download is no reason to break its restore.
+			return fmt.Errorf("read retained commit record %s: %w", o.Key, err)
+		}
 		if err != nil {
-			// A damaged old record protects nothing; keep its objects out
-			// of caution only if it can be read.
-			r.cfg.Logger.Warn("unreadable commit record kept out of gc", "key", o.Key, "err", err)
+			// A damaged old record cannot be restored from; it protects
+			// nothing.
+			r.cfg.Logger.Warn("damaged commit record kept out of gc", "key", o.Key, "err", err)
 			continue
 		}
 		for _, ref := range rec.Objects {
