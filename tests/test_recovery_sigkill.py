@@ -140,3 +140,31 @@ def test_killed_at_random_points_ends_identical_to_an_uninterrupted_run(
     check = subprocess.run([sys.executable, "-m", "millpond.recovery", "verify", str(tmp_path / "backup")],
                            env=_env(), capture_output=True, text=True, timeout=60)
     assert check.returncode == 0 and check.stdout.strip() == "copy: ok", check.stdout + check.stderr
+
+
+def test_each_of_20_random_kill_points_resumes_to_the_uninterrupted_output(tmp_path, uninterrupted):
+    """Issue 4's acceptance test: 20 independent runs, each killed with
+    SIGKILL at its own random instant and then resumed to completion; every
+    resumed run's output file equals the uninterrupted run's."""
+    rng = random.Random(20)
+    killed = 0
+    for point in range(20):
+        d = _setup(tmp_path / f"p{point}")
+        (d / "state").mkdir()
+        argv = [sys.executable, "-m", "millpond.run", IMPORT, "-d", "state", "-s", "0.05"]
+        proc = subprocess.Popen(argv, cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            _read_until_started(proc)
+            time.sleep(rng.uniform(0.0, 0.3))
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        killed += proc.returncode == -signal.SIGKILL
+        resumed = subprocess.run(argv, cwd=d, env=_env(), capture_output=True, text=True, timeout=120)
+        assert resumed.returncode == 0, f"kill point {point}: {resumed.stderr}"
+        assert (d / "out.txt").read_text() == uninterrupted, f"kill point {point}"
+        shutil.rmtree(d)
+    assert killed >= 15, "most kills must land while the flow runs"

@@ -52,7 +52,8 @@ type Config struct {
 	// this many recent epochs for point-in-time restore. Default 10.
 	RetainEpochs int
 	// CompactRatio: compact when the bytes of segments since the last
-	// compaction exceed this multiple of the compacted state. Default 1.
+	// compaction exceed this multiple of the compacted state. Default 0.5,
+	// which keeps the durable footprint within about 3x the live state.
 	CompactRatio float64
 	// CompactMinBytes: never compact below this many segment bytes.
 	// Default 1 MiB.
@@ -81,7 +82,7 @@ func (c *Config) defaults() error {
 		c.RetainEpochs = 10
 	}
 	if c.CompactRatio <= 0 {
-		c.CompactRatio = 1
+		c.CompactRatio = 0.5
 	}
 	if c.CompactMinBytes <= 0 {
 		c.CompactMinBytes = 1 << 20

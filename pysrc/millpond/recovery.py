@@ -101,7 +101,7 @@ class RecoveryConfig:
     key_group_count: int = DEFAULT_KEY_GROUP_COUNT
     retain_epochs: int = 10
     max_epochs_in_flight: int = 4
-    compact_ratio: float = 1.0
+    compact_ratio: float = 0.5
     compact_min_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
