@@ -92,6 +92,12 @@ type Store struct {
 	idle     *sync.Cond
 	pending  int
 	asyncErr error
+
+	// A background goroutine checkpoints the WAL when it grows past the
+	// file, so neither writes nor GC pay for it inline.
+	kick     chan struct{}
+	quit     chan struct{}
+	ckptDone chan struct{}
 }
 
 type asyncBatch struct {
@@ -170,8 +176,9 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 		f.Close()
 		return nil, fmt.Errorf("open local store: %w", err)
 	}
-	st := &Store{cfg: cfg, file: f}
+	st := &Store{cfg: cfg, file: f, kick: make(chan struct{}, 1), quit: make(chan struct{}), ckptDone: make(chan struct{})}
 	st.idle = sync.NewCond(&st.asyncMu)
+	go st.runCheckpoints()
 	return st, nil
 }
 
@@ -213,6 +220,34 @@ func Remove(dir, flowID string, worker int) error {
 		}
 	}
 	return nil
+}
+
+func (s *Store) runCheckpoints() {
+	defer close(s.ckptDone)
+	for {
+		select {
+		case <-s.quit:
+			return
+		case <-s.kick:
+			s.mu.Lock()
+			if s.file != nil && s.file.NeedsCheckpoint() {
+				// A failed checkpoint only leaves the WAL longer.
+				s.file.Checkpoint(context.Background())
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// maybeCheckpoint asks the background goroutine to checkpoint if needed.
+// The caller holds s.mu.
+func (s *Store) maybeCheckpoint() {
+	if s.file.NeedsCheckpoint() {
+		select {
+		case s.kick <- struct{}{}:
+		default: // one is pending already
+		}
+	}
 }
 
 // Config returns the store's config.
@@ -325,7 +360,11 @@ func (s *Store) write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 		m.LastEpoch = epoch
 		return 0, s.file.UpdateMeta(ctx, m)
 	}
-	return s.file.Write(ctx, rows)
+	n, err := s.file.Write(ctx, rows)
+	if err == nil {
+		s.maybeCheckpoint()
+	}
+	return n, err
 }
 
 // Restore writes rows that keep their own epochs (a rebuild from durable
@@ -449,6 +488,7 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	s.maybeCheckpoint()
 	if committed > m.GCEpoch {
 		m.GCEpoch = committed
 		if err := s.file.UpdateMeta(ctx, m); err != nil {
@@ -466,6 +506,11 @@ func (s *Store) Close() error {
 		close(s.async)
 		<-s.asyncDone
 		s.async = nil
+	}
+	if s.quit != nil {
+		close(s.quit)
+		<-s.ckptDone
+		s.quit = nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -255,3 +255,22 @@ func TestSegmentSealIsReadable(t *testing.T) {
 	defer g.Close()
 	assert.Equal(t, KindSegment, g.Meta().Kind)
 }
+
+func TestSortedOrderLargeBatchKeepsLastDuplicateLast(t *testing.T) {
+	// Above the parallel threshold: the merge must keep (step, key, epoch)
+	// order and arrival order among duplicates.
+	n := parallelSortRows + 1000
+	rows := make([]rowbatch.Row, n)
+	for i := range rows {
+		rows[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%05d", (i*7919)%5000), Epoch: 1}
+	}
+	order := sortedOrder(rows)
+	require.Len(t, order, n)
+	for i := 1; i < n; i++ {
+		a, b := rows[order[i-1]], rows[order[i]]
+		require.LessOrEqual(t, a.Key, b.Key)
+		if a.Key == b.Key {
+			require.Less(t, order[i-1], order[i], "duplicates stay in arrival order")
+		}
+	}
+}

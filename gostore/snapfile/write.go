@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/rowbatch"
@@ -76,7 +77,6 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 		return 0, fmt.Errorf("commit %d rows to %s: %w", len(rows), f.path, err)
 	}
 	f.meta.LastEpoch = newest
-	f.MaybeCheckpoint(ctx)
 	return len(rows), nil
 }
 
@@ -89,7 +89,7 @@ func sortedOrder(rows []rowbatch.Row) []int32 {
 	for i := range order {
 		order[i] = int32(i)
 	}
-	slices.SortFunc(order, func(a, b int32) int {
+	cmpRows := func(a, b int32) int {
 		ra, rb := &rows[a], &rows[b]
 		if c := strings.Compare(ra.StepID, rb.StepID); c != 0 {
 			return c
@@ -101,9 +101,39 @@ func sortedOrder(rows []rowbatch.Row) []int32 {
 			return cmp.Compare(ra.Epoch, rb.Epoch)
 		}
 		return cmp.Compare(a, b)
-	})
-	return order
+	}
+	if len(order) < parallelSortRows {
+		slices.SortFunc(order, cmpRows)
+		return order
+	}
+	// Large batches: sort the halves on two cores, then merge.
+	mid := len(order) / 2
+	left, right := order[:mid], order[mid:]
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		slices.SortFunc(left, cmpRows)
+	}()
+	slices.SortFunc(right, cmpRows)
+	wg.Wait()
+	merged := make([]int32, 0, len(order))
+	i, j := 0, 0
+	for i < len(left) && j < len(right) {
+		if cmpRows(left[i], right[j]) <= 0 {
+			merged = append(merged, left[i])
+			i++
+		} else {
+			merged = append(merged, right[j])
+			j++
+		}
+	}
+	merged = append(merged, left[i:]...)
+	return append(merged, right[j:]...)
 }
+
+// parallelSortRows is the batch size from which sorting uses two cores.
+const parallelSortRows = 1 << 16
 
 func insertSQL(n int) string {
 	var b strings.Builder
@@ -188,32 +218,29 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
 	}
-	f.MaybeCheckpoint(ctx)
 	return superseded + tombstones, nil
 }
 
 // minCheckpointBytes is the WAL size below which a local store is never
 // checkpointed. Automatic checkpoints are off because they run inside a
-// commit and doubled the cost of small writes; MaybeCheckpoint runs after.
+// commit and doubled the cost of small writes; the owner checkpoints
+// in the background when NeedsCheckpoint says so.
 const minCheckpointBytes = 512 << 10
 
-// MaybeCheckpoint folds the WAL back into the file once it is larger than
-// the file itself (and minCheckpointBytes), which bounds the local store's
-// disk use to about twice its data. The WAL's real size is what counts: a
-// row rewritten in place dirties a whole page, so row bytes say little.
-func (f *File) MaybeCheckpoint(ctx context.Context) {
+// NeedsCheckpoint reports whether the WAL is larger than the file itself
+// (and minCheckpointBytes). Checkpointing then bounds a local store's disk
+// use to about twice its data. The WAL's real size is what counts: a row
+// rewritten in place dirties a whole page, so row bytes say little.
+func (f *File) NeedsCheckpoint() bool {
 	if f.opts.Segment {
-		return
+		return false
 	}
 	wal, err := os.Stat(f.path + "-wal")
 	if err != nil || wal.Size() < minCheckpointBytes {
-		return
+		return false
 	}
-	if db, err := os.Stat(f.path); err == nil && wal.Size() < db.Size() {
-		return
-	}
-	// A failed checkpoint only leaves the WAL longer; the data is safe.
-	f.Checkpoint(ctx)
+	db, err := os.Stat(f.path)
+	return err != nil || wal.Size() >= db.Size()
 }
 
 // Checkpoint folds the WAL back into the file and truncates it.
