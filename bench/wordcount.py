@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -149,13 +150,25 @@ def run_millpond(kind: str, words: List[str], mode: str, tmp: Path) -> dict:
     return {"seconds": elapsed, "items": len(words), "out": sink.box[0], "items_per_s": len(words) / elapsed}
 
 
-def timed_first_line(cmd: List[str], cwd: Path, timeout: float = 600) -> dict:
-    """Start ``cmd``; time until its first stdout line, then let it finish."""
+class FirstOutputTimeout(RuntimeError):
+    """The process printed nothing within the time limit (it was stopped)."""
+
+
+def timed_first_line(cmd: List[str], cwd: Path, timeout: float = 600, first_timeout: float = 600) -> dict:
+    """Start ``cmd``; time until its first stdout line, then let it finish.
+
+    A process with no output line after ``first_timeout`` seconds is killed
+    and :class:`FirstOutputTimeout` raised."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(first_timeout, proc.kill)
+    watchdog.start()
     try:
         line = proc.stdout.readline()
         first = time.perf_counter() - t0
+        watchdog.cancel()
+        if not line and first >= first_timeout:
+            raise FirstOutputTimeout(f"no output within {first_timeout:.0f} s (process stopped)")
         rest, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
@@ -235,7 +248,7 @@ def run_bytewax(py: Path, kind: str, words_path: Path, recovery: bool, tmp: Path
             "items_per_s": int(f["items"]) / secs, "process_s": wall}
 
 
-def bytewax_resume(py: Path, n_keys: int, tmp: Path) -> dict:
+def bytewax_resume(py: Path, n_keys: int, tmp: Path, first_timeout: float) -> dict:
     rdir = tmp / "bw-resume"
     rdir.mkdir()
     subprocess.run([str(py), "-m", "bytewax.recovery", str(rdir), "1"], check=True, capture_output=True)
@@ -246,8 +259,11 @@ def bytewax_resume(py: Path, n_keys: int, tmp: Path) -> dict:
     if r.returncode != 0:
         raise RuntimeError(f"bytewax resume first run exited {r.returncode}: {r.stderr.strip()[-1500:]}")
     out = {"keys": n_keys, "first_run_s": time.perf_counter() - t0}
-    res = timed_first_line(cmd, HERE, timeout=1800)
-    out["resume"] = {k: res[k] for k in ("first_output_s", "process_s", "line")}
+    try:
+        res = timed_first_line(cmd, HERE, timeout=1800, first_timeout=first_timeout)
+        out["resume"] = {k: res[k] for k in ("first_output_s", "process_s", "line")}
+    except FirstOutputTimeout:
+        out["resume"] = {"first_output_s": float("inf"), "timed_out_after_s": first_timeout}
     t0 = time.perf_counter()
     subprocess.run([str(py), "-c", "import bytewax.run, bytewax.recovery"], check=True)
     out["import_s"] = time.perf_counter() - t0
@@ -267,6 +283,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--repeat", type=int, help="runs per millpond throughput figure, best kept (default 2)")
     ap.add_argument("--no-bytewax", action="store_true", help="skip the Bytewax comparison")
     ap.add_argument("--no-resume", action="store_true", help="skip the resume figures")
+    ap.add_argument("--resume-timeout", type=float, default=300,
+                    help="stop a Bytewax resume with no output after this many seconds (default 300)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args(argv)
@@ -317,11 +335,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                                   f"{r['items_per_s']:>10,.0f} items/s ({r['seconds']:.2f} s, {r['out']:,} out)",
                                   flush=True)
                     if not args.no_resume:
-                        res["bytewax_resume"] = bytewax_resume(py, n_resume, tmp)
+                        res["bytewax_resume"] = bytewax_resume(py, n_resume, tmp, args.resume_timeout)
                         br = res["bytewax_resume"]
                         print(f"  bytewax resume {n_resume:,} keys: first output after "
                               f"{br['resume']['first_output_s']:.2f} s; first run took {br['first_run_s']:.1f} s",
-                              flush=True)
+                              flush=True)  # inf: stopped after --resume-timeout
                 except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
                     bw_error = f"Bytewax run failed: {exc}"
                     print(f"  {bw_error}")
@@ -357,9 +375,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"  millpond log: {mr['fast']['log'][0]}")
         if "bytewax_resume" in res:
             br = res["bytewax_resume"]
-            ratio = br["resume"]["first_output_s"] / mr["fast"]["first_output_s"]
-            print(f"  bytewax {br['resume']['first_output_s']:.2f} s (python + import alone {br['import_s']:.2f} s); "
-                  f"millpond fast resume is {ratio:.2f}x faster (target > 1: {'met' if ratio > 1 else 'NOT met'})")
+            if "timed_out_after_s" in br["resume"]:
+                lim = br["resume"]["timed_out_after_s"]
+                print(f"  bytewax: no resumed output within {lim:.0f} s, stopped (python + import alone "
+                      f"{br['import_s']:.2f} s); millpond fast resume is more than "
+                      f"{lim / mr['fast']['first_output_s']:.0f}x faster")
+            else:
+                ratio = br["resume"]["first_output_s"] / mr["fast"]["first_output_s"]
+                print(f"  bytewax {br['resume']['first_output_s']:.2f} s (python + import alone {br['import_s']:.2f} s); "
+                      f"millpond fast resume is {ratio:.2f}x faster (target > 1: {'met' if ratio > 1 else 'NOT met'})")
     if res["bytewax_error"]:
         print(f"Bytewax comparison incomplete: {res['bytewax_error']}")
     if args.json:
