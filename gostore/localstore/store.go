@@ -229,10 +229,14 @@ func (s *Store) runCheckpoints() {
 		case <-s.quit:
 			return
 		case <-s.kick:
+			// The long copy runs beside writers; only the short truncation
+			// at the end takes the store's lock. A failed checkpoint only
+			// leaves the WAL longer.
+			ctx := context.Background()
+			s.file.CheckpointPassive(ctx)
 			s.mu.Lock()
 			if s.file != nil && s.file.NeedsCheckpoint() {
-				// A failed checkpoint only leaves the WAL longer.
-				s.file.Checkpoint(context.Background())
+				s.file.Checkpoint(ctx)
 			}
 			s.mu.Unlock()
 		}

@@ -250,3 +250,19 @@ func (f *File) Checkpoint(ctx context.Context) error {
 	}
 	return nil
 }
+
+// CheckpointPassive copies the WAL's frames into the file over a
+// connection of its own, so it runs while the file is being written (and
+// may be called without serializing with the other methods). A Checkpoint
+// afterwards only has the frames written meanwhile left to copy.
+func (f *File) CheckpointPassive(ctx context.Context) error {
+	db, err := openDB(f.path, f.opts)
+	if err != nil {
+		return fmt.Errorf("checkpoint %s: %w", f.path, err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", f.path, err)
+	}
+	return nil
+}
