@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/rowbatch"
@@ -25,28 +26,61 @@ type compaction struct {
 func (r *Run) runMaintenance() {
 	defer r.wg.Done()
 	for committed := range r.maint {
-		r.maintain(committed)
+		r.maintain(r.maintCtx, committed)
 	}
+}
+
+// dutyFactor spaces the expensive maintenance rounds (local GC and
+// compaction rewrite pages all over a store) so each uses at most about a
+// quarter of a core: after a round that took d, the next waits 3d. Rounds
+// shorter than paceFrom run after every commit.
+const (
+	dutyFactor = 3
+	paceFrom   = 100 * time.Millisecond
+)
+
+func nextRound(started time.Time) time.Time {
+	d := time.Since(started)
+	if d < paceFrom {
+		return time.Time{}
+	}
+	return time.Now().Add(dutyFactor * d)
 }
 
 // maintain runs the background work due after epoch committed: local GC,
 // durable compaction when segments outgrew the compacted state, and
 // durable GC of objects no retained commit names. A failure here never
-// touches committed state; it is logged and retried after the next commit.
-func (r *Run) maintain(committed int64) {
-	ctx := context.Background()
-	for w, s := range r.stores {
-		if _, err := s.GC(ctx, committed); err != nil {
-			r.cfg.Logger.Warn("local gc failed", "worker", w, "err", err)
+// touches committed state; it is logged and retried after a later commit.
+func (r *Run) maintain(ctx context.Context, committed int64) {
+	if now := time.Now(); !now.Before(r.gcNext) {
+		for w, s := range r.stores {
+			if _, err := s.GC(ctx, committed); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.Warn("local gc failed", "worker", w, "err", err)
+			}
 		}
+		r.gcNext = nextRound(now)
 	}
+	if now := time.Now(); !now.Before(r.compactNext) && r.compactionDue() {
+		if err := r.compact(ctx, committed); err != nil && ctx.Err() == nil {
+			r.cfg.Logger.Warn("durable compaction failed; will retry", "epoch", committed, "err", err)
+		}
+		r.compactNext = nextRound(now)
+	}
+	if err := r.collectGarbage(ctx); err != nil && ctx.Err() == nil {
+		r.cfg.Logger.Warn("durable gc failed; will retry", "err", err)
+	}
+}
+
+// finalMaintenance compacts if due (whatever the pacing) and collects
+// durable garbage, at the end of a run.
+func (r *Run) finalMaintenance(ctx context.Context, committed int64) {
 	if r.compactionDue() {
 		if err := r.compact(ctx, committed); err != nil {
-			r.cfg.Logger.Warn("durable compaction failed; will retry", "epoch", committed, "err", err)
+			r.cfg.Logger.Warn("durable compaction failed; the next run retries", "epoch", committed, "err", err)
 		}
 	}
 	if err := r.collectGarbage(ctx); err != nil {
-		r.cfg.Logger.Warn("durable gc failed; will retry", "err", err)
+		r.cfg.Logger.Warn("durable gc failed; the next run retries", "err", err)
 	}
 }
 

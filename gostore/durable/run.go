@@ -134,7 +134,12 @@ type Run struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// maintCtx stops compaction and GC at the end of a run.
+	maintCtx    context.Context
+	maintCancel context.CancelFunc
+	// gcNext and compactNext pace local GC and compaction (dutyFactor).
+	gcNext, compactNext time.Time
+	wg                  sync.WaitGroup
 	// uploadWG tracks the upload goroutines apart: they send to maint,
 	// so Finish closes maint only once they are gone.
 	uploadWG sync.WaitGroup
@@ -225,6 +230,7 @@ func (r *Run) Start() error {
 		}
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.maintCtx, r.maintCancel = context.WithCancel(r.ctx)
 	r.uploads = make(chan uploadJob, 64)
 	r.maint = make(chan int64, 1)
 	for w := range r.stores {
@@ -589,6 +595,9 @@ func (r *Run) Finish(aborted bool) error {
 	r.mu.Unlock()
 	close(r.uploads)
 	r.uploadWG.Wait() // an upload's tryCommit may still send to maint
+	// A maintenance round still running is stopped (it is safe to stop at
+	// any point); finalMaintenance below does what is still due.
+	r.maintCancel()
 	close(r.maint)
 	r.wg.Wait()
 	r.cancel()
@@ -600,9 +609,10 @@ func (r *Run) Finish(aborted bool) error {
 		}
 	}
 	if err == nil {
-		// The last commit's garbage is collected now rather than left to
-		// the next run.
-		r.maintain(r.Committed())
+		// Leave the durable store compact and collected for the next run
+		// (its full resume reads less); the local store's GC is left to
+		// the next run's fast resume, which does it before it reads.
+		r.finalMaintenance(context.Background(), r.Committed())
 	}
 	return err
 }

@@ -199,6 +199,17 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	if err := rows.Err(); err != nil {
 		return 0, fmt.Errorf("gc %s: find superseded rows: %w", f.path, err)
 	}
+	// Deleting in primary-key order walks the B-tree once, page after page,
+	// instead of jumping to a random page per row.
+	slices.SortFunc(dead, func(a, b pk) int {
+		if c := strings.Compare(a.step, b.step); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.key, b.key); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.epoch, b.epoch)
+	})
 	stmt, err := tx.PrepareContext(ctx, `DELETE FROM snaps WHERE step_id = ? AND state_key = ? AND epoch = ?`)
 	if err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
