@@ -83,9 +83,20 @@ static PyObject *store_close(PyObject *self, PyObject *args) {
 }
 
 // Packs rows, a list of (step: str, key: str, value: bytes | None), into
-// the rowbatch wire format. Returns a malloc'd buffer or NULL with an
-// exception set.
+// the rowbatch wire format; a bytes object is taken as already packed
+// (pack_snapshot). Returns a malloc'd buffer or NULL with an exception set.
 char *mp_pack_rows(PyObject *rows, size_t *out_len) {
+    if (PyBytes_Check(rows)) {
+        size_t n = (size_t)PyBytes_GET_SIZE(rows);
+        char *copy = malloc(n ? n : 1);
+        if (copy == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        memcpy(copy, PyBytes_AS_STRING(rows), n);
+        *out_len = n;
+        return copy;
+    }
     if (!PyList_Check(rows)) {
         PyErr_SetString(PyExc_TypeError, "rows must be a list of (step_id, key, value) tuples");
         return NULL;

@@ -32,6 +32,7 @@ PyObject *mp_run_close_py(PyObject *self, PyObject *args);
 PyObject *mp_run_metrics_py(PyObject *self, PyObject *args);
 PyObject *mp_durable_report_py(PyObject *self, PyObject *args);
 PyObject *mp_run_commits_py(PyObject *self, PyObject *args);
+PyObject *mp_pack_snapshot_py(PyObject *self, PyObject *args);
 
 #define MP_EXTRA_METHODS \
     {"backup_open", mp_backup_open_py, METH_VARARGS, NULL}, \
@@ -50,6 +51,7 @@ PyObject *mp_run_commits_py(PyObject *self, PyObject *args);
     {"run_close", mp_run_close_py, METH_VARARGS, NULL}, \
     {"run_metrics", mp_run_metrics_py, METH_VARARGS, NULL}, \
     {"durable_report", mp_durable_report_py, METH_VARARGS, NULL}, \
-    {"run_commits", mp_run_commits_py, METH_VARARGS, NULL},
+    {"run_commits", mp_run_commits_py, METH_VARARGS, NULL}, \
+    {"pack_snapshot", mp_pack_snapshot_py, METH_VARARGS, NULL},
 
 #endif

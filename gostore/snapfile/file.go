@@ -34,10 +34,13 @@ CREATE TABLE snaps (
 	value     BLOB,   -- NULL records a deletion
 	PRIMARY KEY (step_id, state_key, epoch)
 ) WITHOUT ROWID;
--- Epochs only grow, so this index is appended to, and it makes rollback and
--- garbage collection cost what changed rather than the whole state.
-CREATE INDEX snaps_by_epoch ON snaps (epoch);
 `
+
+// epochIndex serves rollback and garbage collection of a local store:
+// epochs only grow, so it is appended to, and it makes both cost what
+// changed rather than the whole state. Segments are written once and
+// never rolled back or collected, so they go without it.
+const epochIndex = `CREATE INDEX snaps_by_epoch ON snaps (epoch);`
 
 // Options tune how a file is opened.
 type Options struct {
@@ -122,6 +125,11 @@ func (f *File) init(ctx context.Context) error {
 	defer tx.Rollback()
 	if _, err := tx.ExecContext(ctx, schema); err != nil {
 		return err
+	}
+	if !f.opts.Segment {
+		if _, err := tx.ExecContext(ctx, epochIndex); err != nil {
+			return err
+		}
 	}
 	for k, v := range f.meta.fields() {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO meta (name, value) VALUES (?, ?)`, k, v); err != nil {

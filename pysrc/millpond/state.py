@@ -418,7 +418,13 @@ class StateStore(_LiveState):
         if type(epoch) is not int or epoch < 1:
             raise ValueError(f"snapshot epoch must be an int of at least 1 (epochs start at 1), got {epoch!r}")
         t0 = time.perf_counter()
-        rows = self._collect()
+        rows: Any
+        try:
+            # The fast path packs every row in C; on any failure the Python
+            # path below runs again to name the step and key that failed.
+            rows = core().pack_snapshot(self._dirty, self._live, pickle.dumps, PICKLE_PROTOCOL)
+        except Exception:
+            rows = self._collect()
         t1 = time.perf_counter()
         try:
             written = self._write(epoch, rows)
