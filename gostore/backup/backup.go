@@ -64,3 +64,15 @@ type Checker interface {
 	// Check returns an error naming the store if it cannot be used.
 	Check(ctx context.Context) error
 }
+
+// Adopter is implemented by backends that can take over a finished local
+// file instead of copying it. The caller promises the file is complete,
+// fsynced, and never changed again (it may still delete its own name for
+// it). A directory backup on the same filesystem links the file into
+// place, so a segment reaches the store without its bytes being copied and
+// written a second time.
+type Adopter interface {
+	// Adopt stores localPath under key as Upload does; where it cannot
+	// link (another filesystem) it copies.
+	Adopt(ctx context.Context, localPath, key string) error
+}

@@ -195,7 +195,7 @@ func (r *Run) compactWorker(ctx context.Context, w int, s interface {
 		Execution: r.execution, Worker: w, WorkerCount: r.cfg.WorkerCount, GroupLo: rng.Lo, GroupHi: rng.Hi,
 		LastEpoch: c, Rows: rows, Size: size, SHA256: sum,
 	}
-	if err := r.cfg.Backup.Upload(ctx, path, ref.Key); err != nil {
+	if err := store(ctx, r.cfg.Backup, path, ref.Key); err != nil {
 		return ObjectRef{}, fmt.Errorf("upload compacted %s: %w", ref.Key, err)
 	}
 	return ref, nil

@@ -368,7 +368,16 @@ func (r *Run) runUploads() {
 }
 
 func (r *Run) uploadWithRetry(path, key string) error {
-	return r.retry("segment upload", key, func() error { return r.cfg.Backup.Upload(r.ctx, path, key) })
+	return r.retry("segment upload", key, func() error { return store(r.ctx, r.cfg.Backup, path, key) })
+}
+
+// store ships a sealed local file: adopted where the backend can take it
+// over without a copy, uploaded otherwise.
+func store(ctx context.Context, b backup.Backup, path, key string) error {
+	if a, ok := b.(backup.Adopter); ok {
+		return a.Adopt(ctx, path, key)
+	}
+	return b.Upload(ctx, path, key)
 }
 
 // retry runs op up to UploadAttempts times with backoff, until it

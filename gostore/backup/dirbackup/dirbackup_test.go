@@ -139,3 +139,27 @@ func TestConcurrentUploadAndDeleteInSameDirectory(t *testing.T) {
 	require.Empty(t, failures)
 	assert.Empty(t, backuptest.Keys(t, b, ""))
 }
+
+func TestAdoptLinksTheFileAndSurvivesRemovalOfTheOriginal(t *testing.T) {
+	ctx := context.Background()
+	b := newTestBackup(t)
+	src := filepath.Join(t.TempDir(), "seg.sqlite")
+	require.NoError(t, os.WriteFile(src, []byte("sealed segment"), 0o644))
+	require.NoError(t, b.Adopt(ctx, src, "flow/segments/000001/w0000.sqlite"))
+	require.NoError(t, os.Remove(src), "the caller drops its own name")
+	dst := filepath.Join(t.TempDir(), "back")
+	require.NoError(t, b.Download(ctx, "flow/segments/000001/w0000.sqlite", dst))
+	got, err := os.ReadFile(dst)
+	require.NoError(t, err)
+	assert.Equal(t, "sealed segment", string(got))
+	keys, err := b.List(ctx, "flow/")
+	require.NoError(t, err)
+	require.Len(t, keys, 1, "no temporary link is left listed")
+	var _ backup.Adopter = b
+}
+
+func TestAdoptMissingFileFails(t *testing.T) {
+	b := newTestBackup(t)
+	err := b.Adopt(context.Background(), filepath.Join(t.TempDir(), "missing"), "k")
+	require.Error(t, err)
+}

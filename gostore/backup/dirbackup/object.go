@@ -133,3 +133,34 @@ func (b *DirBackup) pruneEmptyDirs(dir string) {
 		dir = filepath.Dir(dir)
 	}
 }
+
+// Adopt stores a finished, fsynced local file under key by linking it into
+// the store (a temporary name in the target directory, rename, fsync of
+// the directory); across filesystems it falls back to Upload's copy.
+func (b *DirBackup) Adopt(ctx context.Context, localPath, key string) error {
+	dst, err := b.path(key)
+	if err != nil {
+		return fmt.Errorf("adopt %s as %s: %w", localPath, b, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("adopt %s as %s in %s: %w", localPath, key, b, err)
+	}
+	dir := filepath.Dir(dst)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return b.Upload(ctx, localPath, key)
+	}
+	tmp := filepath.Join(dir, backup.TempPrefix+filepath.Base(dst)+"-link")
+	os.Remove(tmp)
+	if err := os.Link(localPath, tmp); err != nil {
+		return b.Upload(ctx, localPath, key) // another filesystem, or no links
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("adopt %s as %s in %s: %w", localPath, key, b, err)
+	}
+	if err := backup.SyncDir(dir); err != nil {
+		return fmt.Errorf("adopt %s as %s in %s: %w", localPath, key, b, err)
+	}
+	b.logger.Debug("adopted", "store", b.String(), "key", key)
+	return nil
+}
