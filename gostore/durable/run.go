@@ -137,9 +137,9 @@ type Run struct {
 	// maintCtx stops compaction and GC at the end of a run.
 	maintCtx    context.Context
 	maintCancel context.CancelFunc
-	// gcNext and compactNext pace local GC and compaction (dutyFactor).
-	gcNext, compactNext time.Time
-	wg                  sync.WaitGroup
+	// gcNext paces local GC (dutyFactor).
+	gcNext time.Time
+	wg     sync.WaitGroup
 	// uploadWG tracks the upload goroutines apart: they send to maint,
 	// so Finish closes maint only once they are gone.
 	uploadWG sync.WaitGroup
