@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/millpond/millpond/gostore/keygroup"
-	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/localstore"
 	"github.com/millpond/millpond/gostore/snapfile"
 )
 
@@ -25,8 +25,10 @@ type compaction struct {
 // of the flow and of the commits themselves.
 func (r *Run) runMaintenance() {
 	defer r.wg.Done()
-	for committed := range r.maint {
-		r.maintain(r.maintCtx, committed)
+	for range r.maint {
+		// The newest commit, not the one that woke us: a wake-up dropped
+		// while a round ran must not leave maintenance an epoch behind.
+		r.maintain(r.maintCtx, r.Committed())
 	}
 }
 
@@ -53,24 +55,64 @@ func nextRound(started time.Time) time.Time {
 // durable GC of objects no retained commit names. A failure here never
 // touches committed state; it is logged and retried after a later commit.
 func (r *Run) maintain(ctx context.Context, committed int64) {
-	if now := time.Now(); !now.Before(r.gcNext) {
+	failed := false
+	r.mu.Lock()
+	lagging := committed-r.gcEpoch >= maxGCLag/2
+	r.mu.Unlock()
+	if now := time.Now(); lagging || !now.Before(r.gcNext) {
+		ok := true
 		for w, s := range r.stores {
-			if _, err := s.GC(ctx, committed); err != nil && ctx.Err() == nil {
-				r.cfg.Logger.Warn("local gc failed", "worker", w, "err", err)
+			if _, err := s.GC(ctx, committed); err != nil {
+				ok = false
+				if ctx.Err() == nil {
+					r.cfg.Logger.Warn("local gc failed", "worker", w, "err", err)
+					failed = true
+				}
 			}
 		}
 		r.gcNext = nextRound(now)
+		if ok {
+			r.mu.Lock()
+			r.gcEpoch = max(r.gcEpoch, committed)
+			r.mu.Unlock()
+		}
 	}
 	// Compaction is not paced: it is what keeps the durable footprint
 	// within its bound, so it runs whenever it is due.
 	if r.compactionDue() {
 		if err := r.compact(ctx, committed); err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("durable compaction failed; will retry", "epoch", committed, "err", err)
+			failed = true
 		}
 	}
 	if err := r.collectGarbage(ctx); err != nil && ctx.Err() == nil {
 		r.cfg.Logger.Warn("durable gc failed; will retry", "err", err)
 	}
+	r.mu.Lock()
+	r.maintFailing = failed
+	r.cond.Broadcast() // CloseEpoch may wait for maintenance to catch up
+	r.mu.Unlock()
+}
+
+// maxGCLag is how many committed epochs local GC may fall behind before
+// CloseEpoch waits for it, which bounds the local store's growth whatever
+// the epoch interval.
+const maxGCLag = 8
+
+// maintenanceBehindLocked reports whether the flow must wait for
+// maintenance to keep the stores within their bounds: local GC too many
+// epochs behind, or segments since the last compaction past twice what
+// makes compaction due. A failing maintenance is not waited for (its
+// errors are logged; waiting would stop the flow for good). r.mu is held.
+func (r *Run) maintenanceBehindLocked() bool {
+	if r.maintFailing || r.stopped {
+		return false
+	}
+	if r.committed-r.gcEpoch > maxGCLag {
+		return true
+	}
+	floor := max(r.compactedBytes, r.cfg.CompactMinBytes)
+	return float64(r.segmentBytes) > 2*r.cfg.CompactRatio*float64(floor)+float64(r.cfg.CompactMinBytes)
 }
 
 // finalMaintenance compacts if due (whatever the pacing) and collects
@@ -89,15 +131,20 @@ func (r *Run) finalMaintenance(ctx context.Context, committed int64) {
 func (r *Run) compactionDue() bool {
 	r.commitMu.Lock()
 	defer r.commitMu.Unlock()
-	var seg, comp int64
-	for _, o := range r.record.Objects {
+	seg, comp := objectBytes(r.record.Objects)
+	return seg >= r.cfg.CompactMinBytes && float64(seg) > r.cfg.CompactRatio*float64(comp)
+}
+
+// objectBytes sums the sizes of segments and of compacted objects.
+func objectBytes(objs []ObjectRef) (seg, comp int64) {
+	for _, o := range objs {
 		if o.Kind == KindCompacted {
 			comp += o.Size
 		} else {
 			seg += o.Size
 		}
 	}
-	return seg >= r.cfg.CompactMinBytes && float64(seg) > r.cfg.CompactRatio*float64(comp)
+	return seg, comp
 }
 
 // compact writes each worker's whole state as of epoch c (newest row per
@@ -139,14 +186,19 @@ func (r *Run) compact(ctx context.Context, c int64) error {
 	r.record = rec
 	r.mu.Lock()
 	r.metrics.Compactions++
+	r.segmentBytes, r.compactedBytes = objectBytes(rec.Objects)
 	r.mu.Unlock()
 	r.cfg.Logger.Info("durable state compacted", "flow", r.cfg.FlowID, "epoch", c, "objects", len(keep))
 	return nil
 }
 
-func (r *Run) compactWorker(ctx context.Context, w int, s interface {
-	ScanPage(context.Context, snapfile.ScanOptions, snapfile.Cursor) ([]rowbatch.Row, snapfile.Cursor, bool, error)
-}, dir string, c int64) (ObjectRef, error) {
+func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir string, c int64) (ObjectRef, error) {
+	// Every row up to the committed epoch c was queued before c committed;
+	// one flush makes them readable, and the scan below then does not wait
+	// on the writes of the epochs that keep arriving.
+	if err := s.Flush(); err != nil {
+		return ObjectRef{}, err
+	}
 	path := filepath.Join(dir, "compacted.sqlite")
 	meta := snapfile.Meta{
 		FlowID: r.cfg.FlowID, Kind: snapfile.KindCompacted, WorkerIndex: w, WorkerCount: r.cfg.WorkerCount,
@@ -159,7 +211,7 @@ func (r *Run) compactWorker(ctx context.Context, w int, s interface {
 	var rows int64
 	var cur snapfile.Cursor
 	for {
-		page, next, done, err := s.ScanPage(ctx, snapfile.ScanOptions{Before: c + 1, ChunkRows: 8192}, cur)
+		page, next, done, err := s.ScanPageFlushed(ctx, snapfile.ScanOptions{Before: c + 1, ChunkRows: 8192}, cur)
 		if err != nil {
 			f.Close()
 			return ObjectRef{}, err

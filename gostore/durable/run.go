@@ -139,7 +139,12 @@ type Run struct {
 	maintCancel context.CancelFunc
 	// gcNext paces local GC (dutyFactor).
 	gcNext time.Time
-	wg     sync.WaitGroup
+	// Under mu: what CloseEpoch needs to hold the flow back while
+	// maintenance catches up (maintenanceBehindLocked).
+	gcEpoch                      int64
+	segmentBytes, compactedBytes int64
+	maintFailing                 bool
+	wg                           sync.WaitGroup
 	// uploadWG tracks the upload goroutines apart: they send to maint,
 	// so Finish closes maint only once they are gone.
 	uploadWG sync.WaitGroup
@@ -192,9 +197,11 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 		cfg: cfg, state: st, execution: st.NextExecution(), resume: st.ResumeEpoch(),
 		stores: make([]*localstore.Store, cfg.WorkerCount), restores: make([]RestoreInfo, cfg.WorkerCount),
 		epochs: map[int64]*epochState{}, committed: st.Commit.Epoch, closedAll: st.Commit.Epoch,
-		record: st.Commit,
+		gcEpoch: st.Commit.Epoch,
+		record:  st.Commit,
 	}
 	r.cond = sync.NewCond(&r.mu)
+	r.segmentBytes, r.compactedBytes = objectBytes(st.Commit.Objects)
 	if r.record.Epoch == 0 {
 		r.record = CommitRecord{FlowID: cfg.FlowID}
 	}
@@ -487,7 +494,15 @@ func (r *Run) CloseEpoch(w int, epoch int64) error {
 	start := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for r.err == nil && !r.stopped && epoch-r.committed > int64(r.cfg.MaxEpochsInFlight) {
+	for r.err == nil && !r.stopped && (epoch-r.committed > int64(r.cfg.MaxEpochsInFlight) || r.maintenanceBehindLocked()) {
+		// Maintenance runs after commits; when the debt is older than the
+		// last one (inherited from a previous run), wake it ourselves, or
+		// the wait would need a commit that this very wait holds back.
+		// (Finish sets stopped under mu before it closes maint.)
+		select {
+		case r.maint <- r.committed:
+		default:
+		}
 		r.cond.Wait()
 	}
 	if waited := time.Since(start); waited > time.Millisecond {
@@ -542,6 +557,7 @@ func (r *Run) tryCommit() {
 		delete(r.epochs, e)
 	}
 	r.committed = target
+	r.segmentBytes, r.compactedBytes = objectBytes(rec.Objects)
 	r.metrics.Commits++
 	r.metrics.CommittedEpoch = target
 	ev := CommitEvent{Epoch: target, Objects: len(fresh)}

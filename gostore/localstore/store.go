@@ -235,7 +235,7 @@ func (s *Store) runCheckpoints() {
 			ctx := context.Background()
 			s.file.CheckpointPassive(ctx)
 			s.mu.Lock()
-			if s.file != nil && s.file.NeedsCheckpoint() {
+			if s.file != nil {
 				s.file.Checkpoint(ctx)
 			}
 			s.mu.Unlock()
@@ -413,6 +413,19 @@ func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, 
 // not block other calls.
 func (s *Store) ScanPage(ctx context.Context, o snapfile.ScanOptions, cur snapfile.Cursor) ([]rowbatch.Row, snapfile.Cursor, bool, error) {
 	s.waitIdle()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return nil, cur, true, errClosed
+	}
+	return s.file.ScanPage(ctx, o, cur)
+}
+
+// ScanPageFlushed is ScanPage without waiting for queued background
+// writes: for a caller that called Flush once and only reads epochs written
+// before it (compaction of a committed epoch), so a long scan is not held
+// up page after page by the writes of newer epochs.
+func (s *Store) ScanPageFlushed(ctx context.Context, o snapfile.ScanOptions, cur snapfile.Cursor) ([]rowbatch.Row, snapfile.Cursor, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
