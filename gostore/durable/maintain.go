@@ -97,12 +97,12 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 // maxGCLag is how many committed epochs local GC may fall behind before
 // CloseEpoch waits for it, which bounds the local store's growth whatever
 // the epoch interval.
-const maxGCLag = 8
+const maxGCLag = 4
 
 // maintenanceBehindLocked reports whether the flow must wait for
 // maintenance to keep the stores within their bounds: local GC too many
-// epochs behind, or segments since the last compaction past twice what
-// makes compaction due. A failing maintenance is not waited for (its
+// epochs behind, or segments since the last compaction past 1.5 times
+// what makes compaction due. A failing maintenance is not waited for (its
 // errors are logged; waiting would stop the flow for good). r.mu is held.
 func (r *Run) maintenanceBehindLocked() bool {
 	if r.maintFailing || r.stopped {
@@ -112,7 +112,7 @@ func (r *Run) maintenanceBehindLocked() bool {
 		return true
 	}
 	floor := max(r.compactedBytes, r.cfg.CompactMinBytes)
-	return float64(r.segmentBytes) > 2*r.cfg.CompactRatio*float64(floor)+float64(r.cfg.CompactMinBytes)
+	return float64(r.segmentBytes) > 1.5*r.cfg.CompactRatio*float64(floor)+float64(r.cfg.CompactMinBytes)
 }
 
 // finalMaintenance compacts if due (whatever the pacing) and collects

@@ -238,9 +238,9 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 // in the background when NeedsCheckpoint says so.
 const minCheckpointBytes = 512 << 10
 
-// NeedsCheckpoint reports whether the WAL is larger than the file itself
+// NeedsCheckpoint reports whether the WAL has grown past half the file
 // (and minCheckpointBytes). Checkpointing then bounds a local store's disk
-// use to about twice its data. The WAL's real size is what counts: a row
+// use to about 1.5 times its data. The WAL's real size is what counts: a row
 // rewritten in place dirties a whole page, so row bytes say little.
 func (f *File) NeedsCheckpoint() bool {
 	if f.opts.Segment {
@@ -251,7 +251,7 @@ func (f *File) NeedsCheckpoint() bool {
 		return false
 	}
 	db, err := os.Stat(f.path)
-	return err != nil || wal.Size() >= db.Size()
+	return err != nil || 2*wal.Size() >= db.Size()
 }
 
 // Checkpoint folds the WAL back into the file and truncates it.
