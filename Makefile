@@ -58,8 +58,12 @@ pytest: ext
 
 test: ext govet gotest gofuzz pytest
 
+# The benchmarks of docs/benchmarks.md (several minutes; wordcount installs
+# Bytewax 0.21.1 into bench/.venv-bytewax on first use).
 bench: ext
 	$(PY) bench/snapshot_write.py
+	$(PY) bench/commit_latency.py
+	$(PY) bench/wordcount.py
 
 clean:
 	rm -rf $(VENV) build pysrc/*.egg-info pysrc/millpond/_core*.so pysrc/millpond/_core*.h
