@@ -236,6 +236,13 @@ func (r *Run) Start() error {
 			return fmt.Errorf("start recovery run: worker %d was not restored", w)
 		}
 	}
+	// Local GC's debt is what the restored stores carry, not the committed
+	// epoch: a store resumed fast may not have been collected for a while.
+	r.mu.Lock()
+	for _, s := range r.stores {
+		r.gcEpoch = min(r.gcEpoch, s.Meta().GCEpoch)
+	}
+	r.mu.Unlock()
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.maintCtx, r.maintCancel = context.WithCancel(r.ctx)
 	r.uploads = make(chan uploadJob, 64)
