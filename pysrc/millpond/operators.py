@@ -332,19 +332,25 @@ def filter(step_id: str, up: Stream[X], predicate: Callable[[X], bool]) -> Strea
     _, me = _step_scope(up)
 
     def shim(batch: List[X]) -> List[X]:
-        out = []
-        for x in batch:
-            keep = predicate(x)
-            if keep is True:
-                out.append(x)
-            elif keep is not False:
-                raise TypeError(
-                    f"return value of `predicate` in step {me!r} must be a bool; "
-                    f"got {type(keep).__name__}: {keep!r:.80}"
-                )
-        return out
+        return _kept(me, batch, predicate)
 
     return flat_map_batch("flat_map_batch", up, shim)
+
+
+def _kept(me: str, batch: List[Any], test: Callable[[Any], Any]) -> List[Any]:
+    """The items of ``batch`` for which ``test`` is ``True``; a result that
+    is not a bool is a ``TypeError`` naming step ``me``."""
+    out = []
+    for x in batch:
+        keep = test(x)
+        if keep is True:
+            out.append(x)
+        elif keep is not False:
+            raise TypeError(
+                f"return value of `predicate` in step {me!r} must be a bool; "
+                f"got {type(keep).__name__}: {keep!r:.80}"
+            )
+    return out
 
 
 @operator
@@ -489,17 +495,7 @@ def filter_value(
     _, me = _step_scope(up)
 
     def shim(batch: List[Tuple[str, V]]) -> List[Tuple[str, V]]:
-        out = []
-        for kv in batch:
-            keep = predicate(_keyed(me, kv)[1])
-            if keep is True:
-                out.append(kv)
-            elif keep is not False:
-                raise TypeError(
-                    f"return value of `predicate` in step {me!r} must be a bool; "
-                    f"got {type(keep).__name__}: {keep!r:.80}"
-                )
-        return out
+        return _kept(me, batch, lambda kv: predicate(_keyed(me, kv)[1]))
 
     return flat_map_batch("flat_map_batch", up, shim)
 
