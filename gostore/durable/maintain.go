@@ -180,6 +180,9 @@ func (r *Run) compact(ctx context.Context, c int64) error {
 	sortObjects(keep)
 	rec.Objects = keep
 	rec.Execution = r.execution
+	if err := r.checkNotSuperseded(ctx); err != nil {
+		return err
+	}
 	if err := writeCommit(ctx, r.cfg.Backup, rec); err != nil {
 		return fmt.Errorf("write compacted commit record of epoch %d: %w", rec.Epoch, err)
 	}

@@ -171,8 +171,9 @@ type pipe struct {
 	done   chan struct{}
 }
 
-// Open reads the durable state, records a new execution and returns the
-// run. Call Restore for each worker before using its store.
+// Open reads the durable state and returns the run, numbered as the next
+// execution. Call Restore for each worker, then Start, which records the
+// execution before anything is processed.
 func Open(ctx context.Context, cfg Config) (*Run, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, fmt.Errorf("open recovery for flow %q: %w", cfg.FlowID, err)
@@ -205,14 +206,6 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 	if r.record.Epoch == 0 {
 		r.record = CommitRecord{FlowID: cfg.FlowID}
 	}
-	rec := ExecutionRecord{
-		FlowID: cfg.FlowID, Execution: r.execution, ResumeEpoch: r.resume,
-		WorkerCount: cfg.WorkerCount, KeyGroupCount: cfg.KeyGroupCount, StartedUnix: time.Now().Unix(),
-	}
-	if err := RecordExecution(ctx, cfg.Backup, rec); err != nil {
-		return nil, fmt.Errorf("open recovery for flow %q: record execution %d: %w", cfg.FlowID, r.execution, err)
-	}
-	cfg.Logger.Info("execution recorded", "flow", cfg.FlowID, "execution", r.execution, "resume_epoch", r.resume)
 	return r, nil
 }
 
@@ -236,6 +229,17 @@ func (r *Run) Start() error {
 			return fmt.Errorf("start recovery run: worker %d was not restored", w)
 		}
 	}
+	// The execution is recorded only now, with every worker's local store
+	// locked: a second start that fails on a lock must leave no record, or
+	// it would fence off the run it collided with (checkNotSuperseded).
+	rec := ExecutionRecord{
+		FlowID: r.cfg.FlowID, Execution: r.execution, ResumeEpoch: r.resume,
+		WorkerCount: r.cfg.WorkerCount, KeyGroupCount: r.cfg.KeyGroupCount, StartedUnix: time.Now().Unix(),
+	}
+	if err := RecordExecution(context.Background(), r.cfg.Backup, rec); err != nil {
+		return fmt.Errorf("start recovery for flow %q: record execution %d: %w", r.cfg.FlowID, r.execution, err)
+	}
+	r.cfg.Logger.Info("execution recorded", "flow", r.cfg.FlowID, "execution", r.execution, "resume_epoch", r.resume)
 	// Local GC's debt is what the restored stores carry, not the committed
 	// epoch: a store resumed fast may not have been collected for a while.
 	r.mu.Lock()
@@ -550,6 +554,10 @@ func (r *Run) tryCommit() {
 		Objects: append(append([]ObjectRef{}, r.record.Objects...), fresh...),
 	}
 	sortObjects(rec.Objects)
+	if err := r.checkNotSuperseded(r.ctx); err != nil {
+		r.fail(err)
+		return
+	}
 	// A commit record is retried like a segment: one failed request must
 	// not stop the flow.
 	if err := r.retry("commit record upload", commitKey(r.cfg.FlowID, target), func() error {
@@ -587,6 +595,29 @@ func (r *Run) tryCommit() {
 	default:
 		// Maintenance is busy; it picks up the newest commit next round.
 	}
+}
+
+// ErrSuperseded is wrapped when a newer execution of the same flow has
+// started against the same backup: this run stops committing, so the two
+// never interleave their commit records.
+var ErrSuperseded = errors.New("a newer execution of this flow is running")
+
+// checkNotSuperseded fences this run off when a newer execution record
+// exists (the same flow started again, say on another machine with its own
+// local state directory). The newest execution wins; the older one fails
+// before its next commit instead of mixing states with it.
+func (r *Run) checkNotSuperseded(ctx context.Context) error {
+	objs, err := r.cfg.Backup.List(ctx, flowPrefix(r.cfg.FlowID)+executionsDir)
+	if err != nil {
+		return nil // a listing hiccup is not evidence; the commit goes on
+	}
+	for _, o := range objs {
+		if x, ok := numberAfter(o.Key, executionsDir); ok && x > r.execution {
+			return fmt.Errorf("%w: flow %q execution %d started on %s after this execution %d; this run stops committing (at epoch %d) so the two cannot mix; stop one of them",
+				ErrSuperseded, r.cfg.FlowID, x, r.cfg.Backup, r.execution, r.committed)
+		}
+	}
+	return nil
 }
 
 // Committed returns the newest committed epoch.

@@ -246,10 +246,17 @@ func (s *Store) runCheckpoints() {
 // maybeCheckpoint asks the background goroutine to checkpoint if needed.
 // The caller holds s.mu.
 func (s *Store) maybeCheckpoint() {
-	if s.file.NeedsCheckpoint() {
-		select {
-		case s.kick <- struct{}{}:
-		default: // one is pending already
+	if !s.file.NeedsCheckpoint() {
+		return
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+		// A checkpoint is already pending and the WAL kept growing: when
+		// it is twice due, the writer checkpoints itself, which bounds the
+		// WAL however fast writes come.
+		if s.file.CheckpointOverdue() {
+			s.file.Checkpoint(context.Background())
 		}
 	}
 }

@@ -243,15 +243,31 @@ const minCheckpointBytes = 512 << 10
 // use to about 1.5 times its data. The WAL's real size is what counts: a row
 // rewritten in place dirties a whole page, so row bytes say little.
 func (f *File) NeedsCheckpoint() bool {
+	return f.walExcess() >= 1
+}
+
+// CheckpointOverdue reports whether the WAL has grown to twice the size at
+// which NeedsCheckpoint asks for a checkpoint: the background checkpoint
+// is falling behind the writes, and the writer should checkpoint itself.
+func (f *File) CheckpointOverdue() bool {
+	return f.walExcess() >= 2
+}
+
+// walExcess is the WAL's size as a multiple of its checkpoint threshold:
+// half the file, and at least minCheckpointBytes.
+func (f *File) walExcess() float64 {
 	if f.opts.Segment {
-		return false
+		return 0
 	}
 	wal, err := os.Stat(f.path + "-wal")
-	if err != nil || wal.Size() < minCheckpointBytes {
-		return false
+	if err != nil {
+		return 0
 	}
-	db, err := os.Stat(f.path)
-	return err != nil || 2*wal.Size() >= db.Size()
+	threshold := int64(minCheckpointBytes)
+	if db, err := os.Stat(f.path); err == nil {
+		threshold = max(threshold, db.Size()/2)
+	}
+	return float64(wal.Size()) / float64(threshold)
 }
 
 // Checkpoint folds the WAL back into the file and truncates it.
