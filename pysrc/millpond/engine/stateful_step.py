@@ -162,15 +162,8 @@ class StatefulBatchRuntime(StepRuntime):
             return
         if self.timers:
             at = self.timers.get(key)
-            if at is not None and at <= now:
-                try:
-                    out, discard = logic.on_notify()
-                except Exception as ex:
-                    raise self.fail(ex, key=key, what="on_notify") from ex
-                self._emit(key, out, "on_notify")
-                if discard:
-                    self._discard(key)
-                    return
+            if at is not None and at <= now and self._fire(key, logic):
+                return
         cls = type(logic)
         has_timers = self._timer_classes.get(cls)
         if has_timers is None:
@@ -186,6 +179,13 @@ class StatefulBatchRuntime(StepRuntime):
         if logic is None:
             self.timers.pop(key, None)
             return
+        if not self._fire(key, logic):
+            self._rearm(key, logic)
+        self.worker.touched()
+
+    def _fire(self, key: str, logic: Any) -> bool:
+        """Run ``on_notify`` for ``key`` and emit its output; True if it
+        discarded the key."""
         try:
             out, discard = logic.on_notify()
         except Exception as ex:
@@ -193,9 +193,7 @@ class StatefulBatchRuntime(StepRuntime):
         self._emit(key, out, "on_notify")
         if discard:
             self._discard(key)
-        else:
-            self._rearm(key, logic)
-        self.worker.touched()
+        return bool(discard)
 
     def _discard(self, key: str) -> None:
         self.store.discard(self.step_id, key)
