@@ -138,7 +138,21 @@ class _LinePartition(StatefulSourcePartition[str, int]):
         self._f.close()
 
 
-class FileSource(FixedPartitionedSource[str, int]):
+class _OneFile:
+    """What FileSource and CSVSource share: one partition, named by the
+    file's filesystem id and path so a resume finds its position."""
+
+    def __init__(self, path: PathLike, batch_size: int, get_fs_id: Callable[[Path], str]) -> None:
+        _check_batch_size(batch_size)
+        self._path = Path(path)
+        self._batch_size = batch_size
+        self._get_fs_id = get_fs_id
+
+    def list_parts(self) -> List[str]:
+        return [f"{_fs_id(self._get_fs_id, self._path)}::{self._path}"]
+
+
+class FileSource(_OneFile, FixedPartitionedSource[str, int]):
     """Read a text file (UTF-8) line by line, without line endings.
 
     One partition, so one worker reads the file. Emits batches of up to
@@ -155,13 +169,7 @@ class FileSource(FixedPartitionedSource[str, int]):
         batch_size: int = 1000,
         get_fs_id: Callable[[Path], str] = local_fs_id,
     ) -> None:
-        _check_batch_size(batch_size)
-        self._path = Path(path)
-        self._batch_size = batch_size
-        self._get_fs_id = get_fs_id
-
-    def list_parts(self) -> List[str]:
-        return [f"{_fs_id(self._get_fs_id, self._path)}::{self._path}"]
+        super().__init__(path, batch_size, get_fs_id)
 
     def build_part(
         self, step_id: str, for_part: str, resume_state: Optional[int]
@@ -282,7 +290,7 @@ class _CSVPartition(StatefulSourcePartition[Dict[str, Any], int]):
         self._f.close()
 
 
-class CSVSource(FixedPartitionedSource[Dict[str, Any], int]):
+class CSVSource(_OneFile, FixedPartitionedSource[Dict[str, Any], int]):
     """Read a CSV file (UTF-8) with a header row; emit one ``dict`` per row.
 
     Values are strings, keyed by the header's column names, as with
@@ -304,16 +312,10 @@ class CSVSource(FixedPartitionedSource[Dict[str, Any], int]):
         get_fs_id: Callable[[Path], str] = local_fs_id,
         **fmtparams: Any,
     ) -> None:
-        _check_batch_size(batch_size)
-        self._path = Path(path)
-        self._batch_size = batch_size
-        self._get_fs_id = get_fs_id
+        super().__init__(path, batch_size, get_fs_id)
         # Fail now, not when the flow runs, on a misspelled format parameter.
         csv.reader([], **fmtparams)
         self._fmtparams = fmtparams
-
-    def list_parts(self) -> List[str]:
-        return [f"{_fs_id(self._get_fs_id, self._path)}::{self._path}"]
 
     def build_part(
         self, step_id: str, for_part: str, resume_state: Optional[int]
