@@ -210,10 +210,19 @@ func Inspect(ctx context.Context, dir, flowID string, worker int) (snapfile.Meta
 	return f.Meta(), nil
 }
 
-// Remove deletes the worker's store (to rebuild it). The caller must not
-// have it open.
+// Remove deletes the worker's store (to rebuild it). It takes the store's
+// lock first, so a store another run has open is never pulled from under
+// it: that is an ErrLocked error instead.
 func Remove(dir, flowID string, worker int) error {
 	wdir := WorkerDir(dir, flowID, worker)
+	if _, err := os.Stat(wdir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	lk, err := acquireLock(filepath.Join(wdir, "LOCK"))
+	if err != nil {
+		return fmt.Errorf("remove local store %s: %w", wdir, err)
+	}
+	defer lk.release()
 	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm"} {
 		if err := os.Remove(filepath.Join(wdir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove local store %s: %w", wdir, err)

@@ -73,6 +73,24 @@ func TestSecondOpenIsLockedAndNamesThePid(t *testing.T) {
 	require.NoError(t, s.Close())
 }
 
+// Removing a store another open holds is refused: a second run must not
+// delete the files the first one is writing.
+func TestRemoveRefusesAStoreInUse(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s, err := Open(ctx, cfg(dir), 0)
+	require.NoError(t, err)
+	_, err = s.Write(ctx, 1, []rowbatch.Row{put("a", "1")})
+	require.NoError(t, err)
+	require.ErrorIs(t, Remove(dir, "wc", 0), ErrLocked)
+	_, err = s.Write(ctx, 2, []rowbatch.Row{put("a", "2")})
+	require.NoError(t, err, "the store is still there for its owner")
+	require.NoError(t, s.Close())
+	require.NoError(t, Remove(dir, "wc", 0))
+	assert.NoFileExists(t, filepath.Join(WorkerDir(dir, "wc", 0), FileName))
+	require.NoError(t, Remove(filepath.Join(dir, "nothing-here"), "wc", 0), "removing what is not there is not an error")
+}
+
 func TestOpenRefusesMismatchedStores(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {

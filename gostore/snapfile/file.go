@@ -56,19 +56,24 @@ type Options struct {
 // goroutine at a time; callers serialize access.
 type File struct {
 	db   *sql.DB
+	bulk *bulkConn // opened by the first Write
 	path string
 	meta Meta
 	opts Options
 }
 
-func dsn(path string, o Options) string {
-	cache := o.CacheMiB
-	if cache == 0 {
-		cache = 64
+// cacheMiB is the page cache size each connection to the file gets.
+func cacheMiB(o Options) int {
+	if o.CacheMiB == 0 {
+		return 64
 	}
+	return o.CacheMiB
+}
+
+func dsn(path string, o Options) string {
 	q := []string{
 		"_pragma=busy_timeout(5000)",
-		fmt.Sprintf("_pragma=cache_size(-%d)", cache*1024),
+		fmt.Sprintf("_pragma=cache_size(-%d)", cacheMiB(o)*1024),
 		"_pragma=temp_store(MEMORY)",
 	}
 	if o.Segment {
@@ -238,6 +243,10 @@ func (f *File) UpdateMeta(ctx context.Context, meta Meta) error {
 // Close closes the file. For a local store, the WAL is checkpointed so the
 // file on disk is complete by itself.
 func (f *File) Close() error {
+	if err := f.closeBulk(); err != nil {
+		f.db.Close()
+		return err
+	}
 	if !f.opts.Segment {
 		// Best effort: a failed checkpoint leaves a valid WAL behind.
 		f.db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
@@ -251,6 +260,10 @@ func (f *File) Close() error {
 // Seal finishes a segment: it closes the file and fsyncs it, so the bytes
 // handed to an upload are the bytes on disk.
 func (f *File) Seal() error {
+	if err := f.closeBulk(); err != nil {
+		f.db.Close()
+		return fmt.Errorf("seal segment %s: %w", f.path, err)
+	}
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("seal segment %s: %w", f.path, err)
 	}
@@ -263,4 +276,14 @@ func (f *File) Seal() error {
 		return fmt.Errorf("seal segment %s: fsync: %w", f.path, err)
 	}
 	return nil
+}
+
+// closeBulk closes the bulk-write connection if one is open.
+func (f *File) closeBulk() error {
+	if f.bulk == nil {
+		return nil
+	}
+	err := f.bulk.close()
+	f.bulk = nil
+	return err
 }

@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
@@ -31,50 +30,19 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 	for i := range rows {
 		newest = max(newest, rows[i].Epoch)
 	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
+	}
 	order := sortedOrder(rows)
-	tx, err := f.db.BeginTx(ctx, nil)
-	if err != nil {
-		return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
-	}
-	defer tx.Rollback()
-	full, err := tx.PrepareContext(ctx, insertSQL(rowsPerInsert))
-	if err != nil {
-		return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
-	}
-	defer full.Close()
-	args := make([]any, 0, 5*rowsPerInsert)
-	groups := f.meta.KeyGroupCount
-	for start := 0; start < len(rows); start += rowsPerInsert {
-		end := min(start+rowsPerInsert, len(rows))
-		args = args[:0]
-		for _, i := range order[start:end] {
-			r := &rows[i]
-			var v any
-			if !r.Deleted {
-				if r.Value == nil {
-					v = []byte{}
-				} else {
-					v = r.Value
-				}
-			}
-			args = append(args, r.StepID, r.Key, r.Epoch, keygroup.Of(r.Key, groups), v)
-		}
-		if end-start == rowsPerInsert {
-			_, err = full.ExecContext(ctx, args...)
-		} else {
-			_, err = tx.ExecContext(ctx, insertSQL(end-start), args...)
-		}
+	if f.bulk == nil {
+		b, err := openBulk(f.path, f.opts)
 		if err != nil {
 			return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
 		}
+		f.bulk = b
 	}
-	if newest != f.meta.LastEpoch {
-		if _, err := tx.ExecContext(ctx, `UPDATE meta SET value = ? WHERE name = 'last_epoch'`, newest); err != nil {
-			return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("commit %d rows to %s: %w", len(rows), f.path, err)
+	if err := f.bulk.write(rows, order, f.meta.KeyGroupCount, newest, newest != f.meta.LastEpoch); err != nil {
+		return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
 	}
 	f.meta.LastEpoch = newest
 	return len(rows), nil

@@ -1,0 +1,236 @@
+package snapfile
+
+import (
+	"fmt"
+	"strconv"
+	"unsafe"
+
+	"modernc.org/libc"
+	sqlite3 "modernc.org/sqlite/lib"
+
+	"github.com/millpond/millpond/gostore/keygroup"
+	"github.com/millpond/millpond/gostore/rowbatch"
+)
+
+// bulkConn is a second connection to a snapshot file that writes row
+// batches through SQLite's C API (as modernc compiles it to Go) rather
+// than through database/sql. On a million-row snapshot, database/sql spent
+// more time converting and binding arguments than SQLite spent inserting;
+// here each value is copied once into an arena SQLite reads in place.
+//
+// It is used by one goroutine at a time (File's contract), so SQLite's
+// own mutexes are off.
+type bulkConn struct {
+	path   string
+	tls    *libc.TLS
+	db     uintptr
+	insert uintptr // prepared INSERT of rowsPerInsert rows
+	arena  uintptr // holds the bound text and blobs of one statement
+	size   int
+}
+
+// openBulk opens the bulk connection with the same journal settings as the
+// file's database/sql connection.
+func openBulk(path string, o Options) (*bulkConn, error) {
+	b := &bulkConn{path: path, tls: libc.NewTLS()}
+	cpath, err := libc.CString(path)
+	if err != nil {
+		b.tls.Close()
+		return nil, err
+	}
+	defer libc.Xfree(b.tls, cpath)
+	pdb := libc.Xmalloc(b.tls, 8)
+	if pdb == 0 {
+		b.tls.Close()
+		return nil, fmt.Errorf("open %s for writing: out of memory", path)
+	}
+	defer libc.Xfree(b.tls, pdb)
+	rc := sqlite3.Xsqlite3_open_v2(b.tls, cpath, pdb, sqlite3.SQLITE_OPEN_READWRITE|sqlite3.SQLITE_OPEN_NOMUTEX, 0)
+	b.db = *(*uintptr)(cmem(pdb))
+	if rc != sqlite3.SQLITE_OK {
+		err := b.errorf("open for writing", rc)
+		b.close()
+		return nil, err
+	}
+	pragmas := fmt.Sprintf("PRAGMA busy_timeout=5000; PRAGMA cache_size=-%d; PRAGMA temp_store=MEMORY;", cacheMiB(o)*1024)
+	if o.Segment {
+		pragmas += "PRAGMA journal_mode=MEMORY; PRAGMA synchronous=OFF;"
+	} else {
+		pragmas += "PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=0;"
+	}
+	if err := b.exec(pragmas); err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+// errorf describes a failed call with SQLite's message for the connection.
+func (b *bulkConn) errorf(what string, rc int32) error {
+	msg := ""
+	if b.db != 0 {
+		msg = libc.GoString(sqlite3.Xsqlite3_errmsg(b.tls, b.db))
+	}
+	return fmt.Errorf("%s %s: sqlite error %d: %s", what, b.path, rc, msg)
+}
+
+func (b *bulkConn) exec(sql string) error {
+	csql, err := libc.CString(sql)
+	if err != nil {
+		return err
+	}
+	defer libc.Xfree(b.tls, csql)
+	if rc := sqlite3.Xsqlite3_exec(b.tls, b.db, csql, 0, 0, 0); rc != sqlite3.SQLITE_OK {
+		return b.errorf("exec", rc)
+	}
+	return nil
+}
+
+func (b *bulkConn) prepare(sql string) (uintptr, error) {
+	csql, err := libc.CString(sql)
+	if err != nil {
+		return 0, err
+	}
+	defer libc.Xfree(b.tls, csql)
+	pst := libc.Xmalloc(b.tls, 8)
+	if pst == 0 {
+		return 0, fmt.Errorf("prepare on %s: out of memory", b.path)
+	}
+	defer libc.Xfree(b.tls, pst)
+	if rc := sqlite3.Xsqlite3_prepare_v2(b.tls, b.db, csql, -1, pst, 0); rc != sqlite3.SQLITE_OK {
+		return 0, b.errorf("prepare", rc)
+	}
+	return *(*uintptr)(cmem(pst)), nil
+}
+
+// reserve makes the arena at least n bytes (and never empty, so an empty
+// blob binds as a non-NULL pointer).
+func (b *bulkConn) reserve(n int) error {
+	n = max(n, 1)
+	if n <= b.size {
+		return nil
+	}
+	n = max(n, 2*b.size, 1<<20)
+	if b.arena != 0 {
+		libc.Xfree(b.tls, b.arena)
+	}
+	b.arena, b.size = libc.Xmalloc(b.tls, uint64(n)), 0
+	if b.arena == 0 {
+		return fmt.Errorf("write to %s: cannot allocate %d bytes", b.path, n)
+	}
+	b.size = n
+	return nil
+}
+
+// write inserts rows in the given order in one transaction and records
+// newest as the file's last epoch when it moved.
+func (b *bulkConn) write(rows []rowbatch.Row, order []int32, groups int, newest int64, moved bool) (err error) {
+	if b.insert == 0 {
+		if b.insert, err = b.prepare(insertSQL(rowsPerInsert)); err != nil {
+			return err
+		}
+	}
+	if err := b.exec("BEGIN IMMEDIATE"); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			b.exec("ROLLBACK")
+		}
+	}()
+	for start := 0; start < len(order); start += rowsPerInsert {
+		chunk := order[start:min(start+rowsPerInsert, len(order))]
+		st := b.insert
+		if len(chunk) < rowsPerInsert {
+			if st, err = b.prepare(insertSQL(len(chunk))); err != nil {
+				return err
+			}
+		}
+		err = b.bindAndStep(st, rows, chunk, groups)
+		if st != b.insert {
+			sqlite3.Xsqlite3_finalize(b.tls, st)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if moved {
+		if err := b.exec(`UPDATE meta SET value = '` + strconv.FormatInt(newest, 10) + `' WHERE name = 'last_epoch'`); err != nil {
+			return err
+		}
+	}
+	return b.exec("COMMIT")
+}
+
+// bindAndStep binds the rows of chunk to st's parameters (five per row)
+// and executes it.
+func (b *bulkConn) bindAndStep(st uintptr, rows []rowbatch.Row, chunk []int32, groups int) error {
+	need := 0
+	for _, i := range chunk {
+		r := &rows[i]
+		need += len(r.StepID) + len(r.Key) + len(r.Value)
+	}
+	if err := b.reserve(need); err != nil {
+		return err
+	}
+	mem := unsafe.Slice((*byte)(cmem(b.arena)), b.size)
+	off := 0
+	text := func(param int32, s string) int32 {
+		n := copy(mem[off:], s)
+		rc := sqlite3.Xsqlite3_bind_text(b.tls, st, param, b.arena+uintptr(off), int32(n), sqlite3.SQLITE_STATIC)
+		off += n
+		return rc
+	}
+	for j, i := range chunk {
+		r := &rows[i]
+		p := int32(j*5 + 1)
+		rc := text(p, r.StepID) | text(p+1, r.Key) |
+			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+2, r.Epoch) |
+			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+3, int64(keygroup.Of(r.Key, groups)))
+		if r.Deleted {
+			rc |= sqlite3.Xsqlite3_bind_null(b.tls, st, p+4)
+		} else {
+			n := copy(mem[off:], r.Value)
+			rc |= sqlite3.Xsqlite3_bind_blob(b.tls, st, p+4, b.arena+uintptr(off), int32(n), sqlite3.SQLITE_STATIC)
+			off += n
+		}
+		if rc != sqlite3.SQLITE_OK {
+			return b.errorf("bind row", rc)
+		}
+	}
+	rc := sqlite3.Xsqlite3_step(b.tls, st)
+	sqlite3.Xsqlite3_reset(b.tls, st)
+	if rc != sqlite3.SQLITE_DONE {
+		return b.errorf(fmt.Sprintf("insert %d rows into", len(chunk)), rc)
+	}
+	return nil
+}
+
+// close releases the statement, the arena and the connection.
+func (b *bulkConn) close() error {
+	if b.insert != 0 {
+		sqlite3.Xsqlite3_finalize(b.tls, b.insert)
+		b.insert = 0
+	}
+	if b.arena != 0 {
+		libc.Xfree(b.tls, b.arena)
+		b.arena, b.size = 0, 0
+	}
+	var err error
+	if b.db != 0 {
+		if rc := sqlite3.Xsqlite3_close_v2(b.tls, b.db); rc != sqlite3.SQLITE_OK {
+			err = b.errorf("close", rc)
+		}
+		b.db = 0
+	}
+	b.tls.Close()
+	return err
+}
+
+// cmem turns an address of memory that libc allocated (outside the Go
+// heap, so the collector neither moves nor frees it) into a pointer.
+// Reinterpreting the variable's bits, rather than converting the uintptr,
+// is the form vet accepts for an address that did not come from Go.
+func cmem(p uintptr) unsafe.Pointer {
+	return *(*unsafe.Pointer)(unsafe.Pointer(&p))
+}
