@@ -45,7 +45,7 @@ static int put_bytes(buf_t *b, const char *s, size_t n) {
     return 0;
 }
 
-// pack_snapshot(dirty: dict[str, set[str]], live: dict[str, dict[str, obj]],
+// pack_snapshot(dirty: dict[str, dict[str, None]], live: dict[str, dict[str, obj]],
 // dumps, protocol) -> bytes: the rowbatch of every touched key (a deletion
 // for a touched key that is not live). Any error propagates as is; the
 // caller redoes the work in Python to name the step and key.
@@ -55,11 +55,11 @@ PyObject *mp_pack_snapshot_py(PyObject *self, PyObject *args) {
     Py_ssize_t count = 0, pos = 0;
     PyObject *step, *keys;
     while (PyDict_Next(dirty, &pos, &step, &keys)) {
-        if (!PySet_Check(keys)) {
-            PyErr_SetString(PyExc_TypeError, "pack_snapshot: dirty values must be sets");
+        if (!PyDict_Check(keys)) {
+            PyErr_SetString(PyExc_TypeError, "pack_snapshot: dirty values must be dicts of touched keys");
             return NULL;
         }
-        count += PySet_GET_SIZE(keys);
+        count += PyDict_GET_SIZE(keys);
     }
     buf_t b = {0};
     if (grow(&b, 16) < 0) return NULL;
@@ -70,7 +70,7 @@ PyObject *mp_pack_snapshot_py(PyObject *self, PyObject *args) {
     if (snapshot_name == NULL) goto fail;
     pos = 0;
     while (PyDict_Next(dirty, &pos, &step, &keys)) {
-        if (PySet_GET_SIZE(keys) == 0) continue;
+        if (PyDict_GET_SIZE(keys) == 0) continue;
         Py_ssize_t sl;
         const char *s = PyUnicode_AsUTF8AndSize(step, &sl);
         if (s == NULL) goto fail;
@@ -79,40 +79,39 @@ PyObject *mp_pack_snapshot_py(PyObject *self, PyObject *args) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "pack_snapshot: step without live objects");
             goto fail;
         }
-        PyObject *it = PyObject_GetIter(keys), *key;
-        if (it == NULL) goto fail;
-        while ((key = PyIter_Next(it)) != NULL) {
+        Py_ssize_t kpos = 0, touched = PyDict_GET_SIZE(keys);
+        PyObject *key, *unused;
+        while (PyDict_Next(keys, &kpos, &key, &unused)) {
+            // .snapshot() is user code: if it touched the store, the walk
+            // over the touched keys is no longer sound.
+            if (PyDict_GET_SIZE(keys) != touched) {
+                PyErr_SetString(PyExc_RuntimeError, "state store changed during snapshot (a .snapshot() method touched it)");
+                goto fail;
+            }
             Py_ssize_t kl;
             const char *k = PyUnicode_AsUTF8AndSize(key, &kl);
             PyObject *obj = k ? PyDict_GetItemWithError(objs, key) : NULL;
             if (k == NULL || (obj == NULL && PyErr_Occurred()) || put_bytes(&b, s, (size_t)sl) < 0 ||
                 put_bytes(&b, k, (size_t)kl) < 0) {
-                Py_DECREF(key);
-                Py_DECREF(it);
                 goto fail;
             }
-            Py_DECREF(key);
             if (obj == NULL) {  // discarded: a deletion
-                if (grow(&b, 1) < 0) {
-                    Py_DECREF(it);
-                    goto fail;
-                }
+                if (grow(&b, 1) < 0) goto fail;
                 put_varint(&b, 0);
                 continue;
             }
             PyObject *state = PyObject_CallMethodNoArgs(obj, snapshot_name);
-            PyObject *pickled = state ? PyObject_CallFunctionObjArgs(dumps, state, protocol, NULL) : NULL;
+            PyObject *argv[2] = {state, protocol};
+            PyObject *pickled = state ? PyObject_Vectorcall(dumps, argv, 2, NULL) : NULL;
             Py_XDECREF(state);
             if (pickled == NULL || !PyBytes_Check(pickled)) {
                 if (pickled != NULL) PyErr_SetString(PyExc_TypeError, "pack_snapshot: dumps must return bytes");
                 Py_XDECREF(pickled);
-                Py_DECREF(it);
                 goto fail;
             }
             Py_ssize_t vl = PyBytes_GET_SIZE(pickled);
             if (grow(&b, (size_t)vl + 10) < 0) {
                 Py_DECREF(pickled);
-                Py_DECREF(it);
                 goto fail;
             }
             put_varint(&b, (uint64_t)vl + 1);
@@ -120,8 +119,6 @@ PyObject *mp_pack_snapshot_py(PyObject *self, PyObject *args) {
             b.len += (size_t)vl;
             Py_DECREF(pickled);
         }
-        Py_DECREF(it);
-        if (PyErr_Occurred()) goto fail;
     }
     Py_DECREF(snapshot_name);
     PyObject *out = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);

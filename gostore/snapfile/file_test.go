@@ -1,10 +1,14 @@
 package snapfile
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
+	"math/rand/v2"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -272,5 +276,33 @@ func TestSortedOrderLargeBatchKeepsLastDuplicateLast(t *testing.T) {
 		if a.Key == b.Key {
 			require.Less(t, order[i-1], order[i], "duplicates stay in arrival order")
 		}
+	}
+}
+
+// sortedOrder's prefix words must order rows exactly as comparing whole
+// (step, key, epoch, arrival) does, whatever the keys: shared prefixes
+// longer than 16 bytes, keys that differ only in length or in trailing
+// NUL bytes, several steps.
+func TestSortedOrderMatchesAFullComparison(t *testing.T) {
+	alphabet := []string{"", "\x00", "a", "ab", "user-0000000", "user-00000000000000000", "\xff", "é"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{1, 17, 500, parallelSortRows + 321} {
+		rows := make([]rowbatch.Row, n)
+		for i := range rows {
+			key := alphabet[rng.IntN(len(alphabet))] + alphabet[rng.IntN(len(alphabet))]
+			if rng.IntN(3) == 0 {
+				key += fmt.Sprint(rng.IntN(50))
+			}
+			rows[i] = rowbatch.Row{StepID: []string{"b", "a", "a.x"}[rng.IntN(3)], Key: key, Epoch: int64(rng.IntN(3))}
+		}
+		want := make([]int32, n)
+		for i := range want {
+			want[i] = int32(i)
+		}
+		slices.SortStableFunc(want, func(a, b int32) int {
+			ra, rb := rows[a], rows[b]
+			return cmp.Or(strings.Compare(ra.StepID, rb.StepID), strings.Compare(ra.Key, rb.Key), cmp.Compare(ra.Epoch, rb.Epoch))
+		})
+		require.Equal(t, want, sortedOrder(rows), "n=%d", n)
 	}
 }

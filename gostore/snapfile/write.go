@@ -53,42 +53,109 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 // wins. Sorting indexes rather than the rows moves 4 bytes per swap instead
 // of a whole row.
 func sortedOrder(rows []rowbatch.Row) []int32 {
-	order := make([]int32, len(rows))
-	for i := range order {
-		order[i] = int32(i)
+	// Rows from Python alias one large buffer in arrival order, so
+	// comparing their keys directly misses the cache on nearly every
+	// comparison. Sorting compact entries that carry the step's rank and
+	// the key's first 16 bytes keeps the sort in cache; whole keys are
+	// compared only when those tie.
+	entries := make([]sortEntry, len(rows))
+	ranks := stepRanks(rows)
+	for i := range rows {
+		r := &rows[i]
+		entries[i] = sortEntry{hi: prefixWord(r.Key, 0), lo: prefixWord(r.Key, 8), step: ranks[r.StepID], idx: int32(i)}
 	}
-	cmpRows := func(a, b int32) int {
-		ra, rb := &rows[a], &rows[b]
-		if c := strings.Compare(ra.StepID, rb.StepID); c != 0 {
+	cmpEntries := func(a, b sortEntry) int {
+		if c := cmp.Compare(a.step, b.step); c != 0 {
 			return c
 		}
-		if c := strings.Compare(ra.Key, rb.Key); c != 0 {
+		if c := cmp.Compare(a.hi, b.hi); c != 0 {
 			return c
+		}
+		if c := cmp.Compare(a.lo, b.lo); c != 0 {
+			return c
+		}
+		ra, rb := &rows[a.idx], &rows[b.idx]
+		if len(ra.Key) > 16 || len(rb.Key) > 16 || len(ra.Key) != len(rb.Key) {
+			if c := strings.Compare(ra.Key, rb.Key); c != 0 {
+				return c
+			}
 		}
 		if ra.Epoch != rb.Epoch {
 			return cmp.Compare(ra.Epoch, rb.Epoch)
 		}
-		return cmp.Compare(a, b)
+		return cmp.Compare(a.idx, b.idx)
 	}
-	if len(order) < parallelSortRows {
-		slices.SortFunc(order, cmpRows)
-		return order
+	if len(entries) < parallelSortRows {
+		slices.SortFunc(entries, cmpEntries)
+	} else {
+		entries = parallelSort(entries, cmpEntries)
 	}
-	// Large batches: sort the halves on two cores, then merge.
-	mid := len(order) / 2
-	left, right := order[:mid], order[mid:]
+	order := make([]int32, len(entries))
+	for i, e := range entries {
+		order[i] = e.idx
+	}
+	return order
+}
+
+// sortEntry is what sortedOrder sorts: the row's step rank and the first
+// 16 bytes of its key as big-endian words (zero padded), so comparing the
+// words orders keys as strings.Compare does up to that length.
+type sortEntry struct {
+	hi, lo uint64
+	step   int32
+	idx    int32
+}
+
+func prefixWord(key string, from int) uint64 {
+	var w uint64
+	for i := from; i < from+8; i++ {
+		w <<= 8
+		if i < len(key) {
+			w |= uint64(key[i])
+		}
+	}
+	return w
+}
+
+// stepRanks numbers the distinct step ids of rows in sorted order.
+func stepRanks(rows []rowbatch.Row) map[string]int32 {
+	ranks := map[string]int32{}
+	var last string
+	for i := range rows {
+		// Batches group a step's rows together, so checking the previous
+		// step id first skips nearly every map lookup.
+		if s := rows[i].StepID; i == 0 || s != last {
+			ranks[s] = 0
+			last = s
+		}
+	}
+	steps := make([]string, 0, len(ranks))
+	for s := range ranks {
+		steps = append(steps, s)
+	}
+	slices.Sort(steps)
+	for i, s := range steps {
+		ranks[s] = int32(i)
+	}
+	return ranks
+}
+
+// parallelSort sorts the two halves of s on two cores and merges them.
+func parallelSort(s []sortEntry, cmpFn func(a, b sortEntry) int) []sortEntry {
+	mid := len(s) / 2
+	left, right := s[:mid], s[mid:]
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		slices.SortFunc(left, cmpRows)
+		slices.SortFunc(left, cmpFn)
 	}()
-	slices.SortFunc(right, cmpRows)
+	slices.SortFunc(right, cmpFn)
 	wg.Wait()
-	merged := make([]int32, 0, len(order))
+	merged := make([]sortEntry, 0, len(s))
 	i, j := 0, 0
 	for i < len(left) && j < len(right) {
-		if cmpRows(left[i], right[j]) <= 0 {
+		if cmpFn(left[i], right[j]) <= 0 {
 			merged = append(merged, left[i])
 			i++
 		} else {
