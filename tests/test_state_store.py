@@ -739,6 +739,30 @@ def test_hydrate_all_keeps_live_objects_and_skips_pending_discards(tmp_path):
         assert s.snapshot(2) == 2
 
 
+@pytest.mark.parametrize("collecting", [True, False])
+def test_hydrate_all_leaves_the_cyclic_collector_as_it_found_it(tmp_path, collecting):
+    import gc
+
+    with open_store(tmp_path) as s:
+        for i in range(20):
+            s.set(STEP, f"k{i:02d}", box(i))
+        s.snapshot(1)
+    was = gc.isenabled()
+    try:
+        (gc.enable if collecting else gc.disable)()
+        with open_store(tmp_path) as s:
+            s.register(STEP, lambda st: box(1 // 0) if st == 7 else box(st))
+            with pytest.raises(ZeroDivisionError):
+                s.hydrate_all(STEP, chunk_rows=4)  # the builder fails midway
+            assert gc.isenabled() is collecting
+            s.register(STEP, box)
+            s.hydrate_all(STEP, chunk_rows=4)
+            assert s.live_count() == 20
+            assert gc.isenabled() is collecting
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_hydrate_all_of_a_step_with_no_stored_rows_returns_zero(store):
     store.set(STEP, "live", box(1))
     assert store.hydrate_all(STEP) == 0

@@ -56,7 +56,7 @@ type Options struct {
 // goroutine at a time; callers serialize access.
 type File struct {
 	db   *sql.DB
-	bulk *bulkConn // opened by the first Write
+	bulk *bulkConn // opened by the first write or scan
 	path string
 	meta Meta
 	opts Options
@@ -276,6 +276,18 @@ func (f *File) Seal() error {
 		return fmt.Errorf("seal segment %s: fsync: %w", f.path, err)
 	}
 	return nil
+}
+
+// rawConn returns the bulk connection, opening it on first use.
+func (f *File) rawConn() (*bulkConn, error) {
+	if f.bulk == nil {
+		b, err := openBulk(f.path, f.opts)
+		if err != nil {
+			return nil, err
+		}
+		f.bulk = b
+	}
+	return f.bulk, nil
 }
 
 // closeBulk closes the bulk-write connection if one is open.

@@ -141,10 +141,6 @@ func (f *File) stepAtOrAfter(ctx context.Context, from string) (string, error) {
 // is left for it.
 func (f *File) scanStepPage(ctx context.Context, o ScanOptions, step string, cur Cursor) (p *page, lastKey string, full bool, err error) {
 	after := cur.Key
-	cmp := ">="
-	if cur.After {
-		cmp = ">"
-	}
 	before := o.Before
 	if before <= 0 {
 		before = math.MaxInt64
@@ -153,40 +149,14 @@ func (f *File) scanStepPage(ctx context.Context, o ScanOptions, step string, cur
 	if limit <= 0 {
 		limit = 4096
 	}
-	q := `SELECT state_key, epoch, value, value IS NULL FROM snaps
-		WHERE step_id = ? AND state_key ` + cmp + ` ? AND epoch < ?`
-	args := []any{step, after, before}
-	if o.Groups != nil {
-		q += ` AND key_group >= ? AND key_group < ?`
-		args = append(args, o.Groups.Lo, o.Groups.Hi)
-	}
-	q += ` ORDER BY state_key, epoch LIMIT ?`
-	args = append(args, limit)
-	res, err := f.db.QueryContext(ctx, q, args...)
+	b, err := f.rawConn()
 	if err != nil {
 		return nil, after, false, fmt.Errorf("scan %s: %w", f.path, err)
 	}
-	defer res.Close()
-
 	p = &page{}
-	var k, v sql.RawBytes
-	var epoch int64
-	var deleted bool
-	read := 0
-	for res.Next() {
-		read++
-		if err := res.Scan(&k, &epoch, &v, &deleted); err != nil {
-			return nil, after, false, fmt.Errorf("scan %s: %w", f.path, err)
-		}
-		// Versions of one key are adjacent, oldest first: each replaces the
-		// previous, so only the newest stays.
-		if n := len(p.starts); n > 0 && string(p.key(n-1)) == string(k) {
-			p.dropLast()
-		}
-		p.add(k, epoch, v, deleted)
-	}
-	if err := res.Err(); err != nil {
-		return nil, after, false, fmt.Errorf("scan %s: %w", f.path, err)
+	read, err := b.scanStep(p, step, after, !cur.After, before, o.Groups, limit)
+	if err != nil {
+		return nil, after, false, err
 	}
 	// The rows read, not the keys kept, tell whether the page was cut short.
 	full = read == limit

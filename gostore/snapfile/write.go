@@ -34,14 +34,11 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 		return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
 	}
 	order := sortedOrder(rows)
-	if f.bulk == nil {
-		b, err := openBulk(f.path, f.opts)
-		if err != nil {
-			return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
-		}
-		f.bulk = b
+	b, err := f.rawConn()
+	if err != nil {
+		return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
 	}
-	if err := f.bulk.write(rows, order, f.meta.KeyGroupCount, newest, newest != f.meta.LastEpoch); err != nil {
+	if err := b.write(rows, order, f.meta.KeyGroupCount, newest, newest != f.meta.LastEpoch); err != nil {
 		return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
 	}
 	f.meta.LastEpoch = newest

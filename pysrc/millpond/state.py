@@ -30,6 +30,7 @@ only; the runtime uses it when recovery is off.
 
 from __future__ import annotations
 
+import gc as _pygc
 import logging
 import os
 import pickle
@@ -462,6 +463,12 @@ class StateStore(_LiveState):
         except c.CoreError as exc:
             raise_core_error(exc)
         count = 0
+        # The cyclic collector runs every few hundred allocations and, as
+        # objects pile up, walks all of them again in its older generations:
+        # on a million keys it took 40% of the restore. Freshly built state
+        # holds no garbage, so collection waits until the restore is done.
+        collecting = _pygc.isenabled()
+        _pygc.disable()
         try:
             while True:
                 try:
@@ -472,6 +479,8 @@ class StateStore(_LiveState):
                     break
                 count += built
         finally:
+            if collecting:
+                _pygc.enable()
             c.scan_close(scan)
         # Every stored key is live now; misses need no lookup.
         self._maybe_stored.discard(step_id)
