@@ -163,6 +163,7 @@ func mp_run_metrics(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char
 		"segments_uploaded": m.SegmentsUploaded, "bytes_uploaded": m.BytesUploaded,
 		"upload_seconds": m.UploadSeconds, "backpressure_seconds": m.BackpressureSeconds,
 		"compactions": m.Compactions, "objects_deleted": m.ObjectsDeleted,
+		"local_write_seconds": m.LocalWriteSeconds, "local_gc_seconds": m.LocalGCSeconds, "compaction_seconds": m.CompactionSeconds,
 		"commit_latency_p50": durable.Percentile(m.CommitLatencies, 50),
 		"commit_latency_p99": durable.Percentile(m.CommitLatencies, 99),
 		"commit_latencies":   m.CommitLatencies,

@@ -60,6 +60,7 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 	lagging := committed-r.gcEpoch >= maxGCLag/2
 	r.mu.Unlock()
 	if now := time.Now(); lagging || !now.Before(r.gcNext) {
+		defer r.addSeconds(&r.metrics.LocalGCSeconds, now)
 		ok := true
 		for w, s := range r.stores {
 			if _, err := s.GC(ctx, committed); err != nil {
@@ -80,7 +81,10 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 	// Compaction is not paced: it is what keeps the durable footprint
 	// within its bound, so it runs whenever it is due.
 	if r.compactionDue() {
-		if err := r.compact(ctx, committed); err != nil && ctx.Err() == nil {
+		start := time.Now()
+		err := r.compact(ctx, committed)
+		r.addSeconds(&r.metrics.CompactionSeconds, start)
+		if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("durable compaction failed; will retry", "epoch", committed, "err", err)
 			failed = true
 		}
@@ -94,6 +98,14 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 	r.mu.Unlock()
 }
 
+// addSeconds adds the time since start to a metric.
+func (r *Run) addSeconds(metric *float64, start time.Time) {
+	d := time.Since(start).Seconds()
+	r.mu.Lock()
+	*metric += d
+	r.mu.Unlock()
+}
+
 // maxGCLag is how many committed epochs local GC may fall behind before
 // CloseEpoch waits for it, which bounds the local store's growth whatever
 // the epoch interval.
@@ -101,9 +113,13 @@ const maxGCLag = 4
 
 // maintenanceBehindLocked reports whether the flow must wait for
 // maintenance to keep the stores within their bounds: local GC too many
-// epochs behind, or segments since the last compaction past 1.5 times
-// what makes compaction due. A failing maintenance is not waited for (its
-// errors are logged; waiting would stop the flow for good). r.mu is held.
+// epochs behind, or segments since the last compaction past what makes
+// compaction due by more than the compacted state itself. That margin lets
+// a compaction run beside the next epoch even when every epoch rewrites
+// the whole state (its segment alone makes compaction due); a flow waits
+// only when compaction falls a whole state behind. A failing maintenance
+// is not waited for (its errors are logged; waiting would stop the flow
+// for good). r.mu is held.
 func (r *Run) maintenanceBehindLocked() bool {
 	if r.maintFailing || r.stopped {
 		return false
@@ -112,7 +128,7 @@ func (r *Run) maintenanceBehindLocked() bool {
 		return true
 	}
 	floor := max(r.compactedBytes, r.cfg.CompactMinBytes)
-	return float64(r.segmentBytes) > 1.5*r.cfg.CompactRatio*float64(floor)+float64(r.cfg.CompactMinBytes)
+	return float64(r.segmentBytes) > (1+r.cfg.CompactRatio)*float64(floor)+float64(r.cfg.CompactMinBytes)
 }
 
 // finalMaintenance compacts if due (whatever the pacing) and collects

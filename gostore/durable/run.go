@@ -730,6 +730,13 @@ type Metrics struct {
 	BackpressureSeconds float64
 	Compactions         int64
 	ObjectsDeleted      int64
+	// LocalGCSeconds and CompactionSeconds are the background time spent
+	// collecting the local stores and compacting the durable store.
+	LocalGCSeconds    float64
+	CompactionSeconds float64
+	// LocalWriteSeconds is the time the local stores spent writing
+	// snapshot batches (in the background, beside the flow).
+	LocalWriteSeconds float64
 	// CommitLatencies are seconds from the first close of an epoch to its
 	// commit, newest last (at most 4096 kept).
 	CommitLatencies []float64
@@ -749,6 +756,11 @@ func (r *Run) Metrics() Metrics {
 	m := r.metrics
 	m.CommitLatencies = append([]float64(nil), r.metrics.CommitLatencies...)
 	m.CommittedEpoch = r.committed
+	for _, s := range r.stores {
+		if s != nil {
+			m.LocalWriteSeconds += s.WriteSeconds()
+		}
+	}
 	return m
 }
 

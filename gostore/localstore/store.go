@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/rowbatch"
@@ -98,6 +100,9 @@ type Store struct {
 	kick     chan struct{}
 	quit     chan struct{}
 	ckptDone chan struct{}
+
+	// writeNanos is the time spent in writes, for metrics.
+	writeNanos atomic.Int64
 }
 
 type asyncBatch struct {
@@ -380,11 +385,18 @@ func (s *Store) write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 		m.LastEpoch = epoch
 		return 0, s.file.UpdateMeta(ctx, m)
 	}
+	start := time.Now()
 	n, err := s.file.Write(ctx, rows)
+	s.writeNanos.Add(int64(time.Since(start)))
 	if err == nil {
 		s.maybeCheckpoint()
 	}
 	return n, err
+}
+
+// WriteSeconds is the time spent writing batches since the store opened.
+func (s *Store) WriteSeconds() float64 {
+	return time.Duration(s.writeNanos.Load()).Seconds()
 }
 
 // Restore writes rows that keep their own epochs (a rebuild from durable

@@ -29,7 +29,7 @@ type bulkConn struct {
 	insert uintptr // prepared INSERT of rowsPerInsert rows
 	arena  uintptr // holds the bound text and blobs of one statement
 	size   int
-	scans  map[string]uintptr // prepared scan queries by SQL text
+	scans  map[string]uintptr // prepared statements by SQL text
 }
 
 // openBulk opens the bulk connection with the same journal settings as the
@@ -225,16 +225,9 @@ func (b *bulkConn) scanStep(p *page, step, after string, inclusive bool, before 
 		q += ` AND key_group >= ?5 AND key_group < ?6`
 	}
 	q += ` ORDER BY state_key, epoch LIMIT ?4`
-	st, ok := b.scans[q]
-	if !ok {
-		var err error
-		if st, err = b.prepare(q); err != nil {
-			return 0, err
-		}
-		if b.scans == nil {
-			b.scans = map[string]uintptr{}
-		}
-		b.scans[q] = st
+	st, err := b.cached(q)
+	if err != nil {
+		return 0, err
 	}
 	defer sqlite3.Xsqlite3_reset(b.tls, st)
 	if err := b.reserve(len(step) + len(after)); err != nil {
@@ -278,6 +271,122 @@ func (b *bulkConn) scanStep(p *page, step, after string, inclusive bool, before 
 		}
 		p.add(key, epoch, val, deleted)
 	}
+}
+
+// gc removes, in one transaction, every row superseded by a newer row
+// at or before committed among the keys written in (since, committed],
+// and the deletion records written then. Keys come from the epoch index;
+// each key's older versions go in one range delete, in key order, so the
+// B-tree is walked once.
+func (b *bulkConn) gc(since, committed int64) (removed int64, err error) {
+	if err := b.exec("BEGIN IMMEDIATE"); err != nil {
+		return 0, err
+	}
+	defer func() {
+		if err != nil {
+			b.exec("ROLLBACK")
+		}
+	}()
+	keys, err := b.writtenKeys(since, committed)
+	if err != nil {
+		return 0, err
+	}
+	del, err := b.cached(`DELETE FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3`)
+	if err != nil {
+		return 0, err
+	}
+	for i := 0; i < len(keys); {
+		// A key's rows are adjacent, oldest first: the last is the newest
+		// written at or before committed, and every older version goes.
+		j := i + 1
+		for j < len(keys) && keys[j].StepID == keys[i].StepID && keys[j].Key == keys[i].Key {
+			j++
+		}
+		newest := &keys[j-1]
+		n, err := b.stepKeyed(del, newest.StepID, newest.Key, newest.Epoch)
+		if err != nil {
+			return removed, err
+		}
+		removed += n
+		i = j
+	}
+	if err := b.exec(fmt.Sprintf(`DELETE FROM snaps WHERE value IS NULL AND epoch > %d AND epoch <= %d`, since, committed)); err != nil {
+		return removed, err
+	}
+	removed += sqlite3.Xsqlite3_changes64(b.tls, b.db)
+	return removed, b.exec("COMMIT")
+}
+
+// writtenKeys lists (step, key, epoch) of the rows written in (since,
+// committed], sorted by step, key and epoch.
+func (b *bulkConn) writtenKeys(since, committed int64) ([]rowbatch.Row, error) {
+	st, err := b.cached(`SELECT step_id, state_key, epoch FROM snaps WHERE epoch > ?1 AND epoch <= ?2`)
+	if err != nil {
+		return nil, err
+	}
+	defer sqlite3.Xsqlite3_reset(b.tls, st)
+	if rc := sqlite3.Xsqlite3_bind_int64(b.tls, st, 1, since) | sqlite3.Xsqlite3_bind_int64(b.tls, st, 2, committed); rc != sqlite3.SQLITE_OK {
+		return nil, b.errorf("bind gc scan of", rc)
+	}
+	var rows []rowbatch.Row
+	for {
+		switch rc := sqlite3.Xsqlite3_step(b.tls, st); rc {
+		case sqlite3.SQLITE_ROW:
+		case sqlite3.SQLITE_DONE:
+			order := sortedOrder(rows)
+			sorted := make([]rowbatch.Row, len(rows))
+			for i, j := range order {
+				sorted[i] = rows[j]
+			}
+			return sorted, nil
+		default:
+			return nil, b.errorf("gc scan", rc)
+		}
+		rows = append(rows, rowbatch.Row{
+			StepID: string(b.columnBytes(st, 0, false)),
+			Key:    string(b.columnBytes(st, 1, false)),
+			Epoch:  sqlite3.Xsqlite3_column_int64(b.tls, st, 2),
+		})
+	}
+}
+
+// stepKeyed binds (step, key, epoch) to st's three parameters, runs it
+// and returns how many rows it changed.
+func (b *bulkConn) stepKeyed(st uintptr, step, key string, epoch int64) (int64, error) {
+	if err := b.reserve(len(step) + len(key)); err != nil {
+		return 0, err
+	}
+	mem := unsafe.Slice((*byte)(cmem(b.arena)), b.size)
+	n := copy(mem, step)
+	copy(mem[n:], key)
+	rc := sqlite3.Xsqlite3_bind_text(b.tls, st, 1, b.arena, int32(len(step)), sqlite3.SQLITE_STATIC) |
+		sqlite3.Xsqlite3_bind_text(b.tls, st, 2, b.arena+uintptr(n), int32(len(key)), sqlite3.SQLITE_STATIC) |
+		sqlite3.Xsqlite3_bind_int64(b.tls, st, 3, epoch)
+	if rc != sqlite3.SQLITE_OK {
+		return 0, b.errorf("bind", rc)
+	}
+	rc = sqlite3.Xsqlite3_step(b.tls, st)
+	sqlite3.Xsqlite3_reset(b.tls, st)
+	if rc != sqlite3.SQLITE_DONE {
+		return 0, b.errorf("delete superseded rows of "+step+"/"+key+" in", rc)
+	}
+	return sqlite3.Xsqlite3_changes64(b.tls, b.db), nil
+}
+
+// cached returns the prepared statement for q, preparing it once.
+func (b *bulkConn) cached(q string) (uintptr, error) {
+	if st, ok := b.scans[q]; ok {
+		return st, nil
+	}
+	st, err := b.prepare(q)
+	if err != nil {
+		return 0, err
+	}
+	if b.scans == nil {
+		b.scans = map[string]uintptr{}
+	}
+	b.scans[q] = st
+	return st, nil
 }
 
 // columnBytes views column i of the current row in SQLite's memory; the

@@ -198,70 +198,18 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	if committed <= since {
 		return 0, nil
 	}
-	tx, err := f.db.BeginTx(ctx, nil)
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("gc %s: %w", f.path, err)
+	}
+	b, err := f.rawConn()
 	if err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
 	}
-	defer tx.Rollback()
-	// Find the superseded rows through the epoch index, then delete them
-	// by primary key: a row-value IN over the subquery would scan the whole
-	// table.
-	rows, err := tx.QueryContext(ctx, `
-		SELECT DISTINCT o.step_id, o.state_key, o.epoch
-		FROM snaps AS n JOIN snaps AS o
-		  ON o.step_id = n.step_id AND o.state_key = n.state_key AND o.epoch < n.epoch
-		WHERE n.epoch > ? AND n.epoch <= ?`, since, committed)
+	n, err := b.gc(since, committed)
 	if err != nil {
-		return 0, fmt.Errorf("gc %s: find superseded rows: %w", f.path, err)
+		return 0, fmt.Errorf("gc: %w", err)
 	}
-	type pk struct {
-		step, key string
-		epoch     int64
-	}
-	var dead []pk
-	for rows.Next() {
-		var k pk
-		if err := rows.Scan(&k.step, &k.key, &k.epoch); err != nil {
-			rows.Close()
-			return 0, fmt.Errorf("gc %s: find superseded rows: %w", f.path, err)
-		}
-		dead = append(dead, k)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("gc %s: find superseded rows: %w", f.path, err)
-	}
-	// Deleting in primary-key order walks the B-tree once, page after page,
-	// instead of jumping to a random page per row.
-	slices.SortFunc(dead, func(a, b pk) int {
-		if c := strings.Compare(a.step, b.step); c != 0 {
-			return c
-		}
-		if c := strings.Compare(a.key, b.key); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.epoch, b.epoch)
-	})
-	stmt, err := tx.PrepareContext(ctx, `DELETE FROM snaps WHERE step_id = ? AND state_key = ? AND epoch = ?`)
-	if err != nil {
-		return 0, fmt.Errorf("gc %s: %w", f.path, err)
-	}
-	defer stmt.Close()
-	for _, k := range dead {
-		if _, err := stmt.ExecContext(ctx, k.step, k.key, k.epoch); err != nil {
-			return 0, fmt.Errorf("gc %s: delete superseded row: %w", f.path, err)
-		}
-	}
-	superseded := int64(len(dead))
-	res, err := tx.ExecContext(ctx, `DELETE FROM snaps WHERE value IS NULL AND epoch > ? AND epoch <= ?`, since, committed)
-	if err != nil {
-		return 0, fmt.Errorf("gc %s: deletion records: %w", f.path, err)
-	}
-	tombstones, _ := res.RowsAffected()
-	if err := tx.Commit(); err != nil {
-		return 0, fmt.Errorf("gc %s: %w", f.path, err)
-	}
-	return superseded + tombstones, nil
+	return n, nil
 }
 
 // minCheckpointBytes is the WAL size below which a local store is never

@@ -263,9 +263,11 @@ class RecoveryRun:
             m = self.metrics()
             logger.info(
                 "flow %r execution %d finished: committed epoch %d, %d segments (%d bytes) uploaded, "
-                "commit latency p50 %.3f s p99 %.3f s, %.3f s waiting for uploads",
+                "commit latency p50 %.3f s p99 %.3f s, %.3f s waiting on back-pressure; "
+                "background: %.3f s local writes, %.3f s local GC, %d compactions in %.3f s",
                 self.flow_id, self.execution, m["committed_epoch"], m["segments_uploaded"], m["bytes_uploaded"],
                 m["commit_latency_p50"], m["commit_latency_p99"], m["backpressure_seconds"],
+                m["local_write_seconds"], m["local_gc_seconds"], m["compactions"], m["compaction_seconds"],
             )
 
     def metrics(self) -> dict[str, Any]:
