@@ -113,13 +113,13 @@ const maxGCLag = 4
 
 // maintenanceBehindLocked reports whether the flow must wait for
 // maintenance to keep the stores within their bounds: local GC too many
-// epochs behind, or segments since the last compaction past what makes
-// compaction due by more than the compacted state itself. That margin lets
-// a compaction run beside the next epoch even when every epoch rewrites
-// the whole state (its segment alone makes compaction due); a flow waits
-// only when compaction falls a whole state behind. A failing maintenance
-// is not waited for (its errors are logged; waiting would stop the flow
-// for good). r.mu is held.
+// epochs behind, or segments since the last compaction past 1.5 times
+// what makes compaction due. (A looser margin let compaction overlap the
+// next epoch of a flow that rewrites its whole state every epoch, but did
+// not make that flow faster, and took the durable footprint past 3x the
+// state at the end of some runs: the retention window can hold the
+// previous compaction too.) A failing maintenance is not waited for (its
+// errors are logged; waiting would stop the flow for good). r.mu is held.
 func (r *Run) maintenanceBehindLocked() bool {
 	if r.maintFailing || r.stopped {
 		return false
@@ -128,7 +128,7 @@ func (r *Run) maintenanceBehindLocked() bool {
 		return true
 	}
 	floor := max(r.compactedBytes, r.cfg.CompactMinBytes)
-	return float64(r.segmentBytes) > (1+r.cfg.CompactRatio)*float64(floor)+float64(r.cfg.CompactMinBytes)
+	return float64(r.segmentBytes) > 1.5*r.cfg.CompactRatio*float64(floor)+float64(r.cfg.CompactMinBytes)
 }
 
 // finalMaintenance compacts if due (whatever the pacing) and collects

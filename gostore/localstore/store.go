@@ -243,10 +243,23 @@ func (s *Store) runCheckpoints() {
 		case <-s.quit:
 			return
 		case <-s.kick:
+			ctx := context.Background()
+			// Small writes wait in the file's recent table; folding them
+			// into the main table here keeps its page writes off the
+			// writer's path. A failed fold is retried at the next kick
+			// (and GC folds first anyway).
+			s.mu.Lock()
+			if s.file != nil && s.file.RecentRows() >= foldRows {
+				s.file.FoldRecent(ctx)
+			}
+			due := s.file != nil && s.file.NeedsCheckpoint()
+			s.mu.Unlock()
+			if !due {
+				continue
+			}
 			// The long copy runs beside writers; only the short truncation
 			// at the end takes the store's lock. A failed checkpoint only
 			// leaves the WAL longer.
-			ctx := context.Background()
 			s.file.CheckpointPassive(ctx)
 			s.mu.Lock()
 			if s.file != nil {
@@ -257,9 +270,19 @@ func (s *Store) runCheckpoints() {
 	}
 }
 
-// maybeCheckpoint asks the background goroutine to checkpoint if needed.
-// The caller holds s.mu.
+// foldRows is how many rows may wait in a store's recent table before the
+// background goroutine folds them into the main table.
+const foldRows = 4096
+
+// maybeCheckpoint asks the background goroutine to fold the recent table
+// or checkpoint the WAL if either is due. The caller holds s.mu.
 func (s *Store) maybeCheckpoint() {
+	if s.file.RecentRows() >= foldRows {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
 	if !s.file.NeedsCheckpoint() {
 		return
 	}
@@ -532,6 +555,9 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 	n, err := s.file.GC(ctx, m.GCEpoch, committed)
 	if err != nil {
 		return 0, err
+	}
+	if _, err := s.file.Reclaim(ctx); err != nil {
+		return n, err
 	}
 	s.maybeCheckpoint()
 	if committed > m.GCEpoch {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -89,6 +90,38 @@ func TestRemoveRefusesAStoreInUse(t *testing.T) {
 	require.NoError(t, Remove(dir, "wc", 0))
 	assert.NoFileExists(t, filepath.Join(WorkerDir(dir, "wc", 0), FileName))
 	require.NoError(t, Remove(filepath.Join(dir, "nothing-here"), "wc", 0), "removing what is not there is not an error")
+}
+
+// Small writes wait in the file's recent table; once enough wait, the
+// background goroutine folds them into the main table.
+func TestBackgroundFoldsBufferedWrites(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	big := make([]rowbatch.Row, 20000)
+	for i := range big {
+		big[i] = rowbatch.Row{StepID: "wc.count", Key: fmt.Sprintf("k%06d", i), Value: make([]byte, 100)}
+	}
+	_, err = s.Write(ctx, 1, big)
+	require.NoError(t, err)
+	for e := int64(2); e < 6; e++ {
+		small := make([]rowbatch.Row, foldRows/3)
+		for i := range small {
+			small[i] = put(fmt.Sprintf("k%06d", i*7), fmt.Sprint(e))
+		}
+		_, err = s.Write(ctx, e, small)
+		require.NoError(t, err)
+	}
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.file.RecentRows() < foldRows
+	}, 10*time.Second, 10*time.Millisecond)
+	r, found, err := s.Get(ctx, "wc.count", "k000007")
+	require.NoError(t, err)
+	require.True(t, found)
+	assert.Equal(t, "5", string(r.Value))
 }
 
 func TestOpenRefusesMismatchedStores(t *testing.T) {

@@ -26,7 +26,6 @@ type bulkConn struct {
 	path   string
 	tls    *libc.TLS
 	db     uintptr
-	insert uintptr // prepared INSERT of rowsPerInsert rows
 	arena  uintptr // holds the bound text and blobs of one statement
 	size   int
 	scans  map[string]uintptr // prepared statements by SQL text
@@ -125,13 +124,12 @@ func (b *bulkConn) reserve(n int) error {
 	return nil
 }
 
-// write inserts rows in the given order in one transaction and records
-// newest as the file's last epoch when it moved.
-func (b *bulkConn) write(rows []rowbatch.Row, order []int32, groups int, newest int64, moved bool) (err error) {
-	if b.insert == 0 {
-		if b.insert, err = b.prepare(insertSQL(rowsPerInsert)); err != nil {
-			return err
-		}
+// write inserts rows into table in the given order in one transaction and
+// records newest as the file's last epoch when it moved.
+func (b *bulkConn) write(table string, rows []rowbatch.Row, order []int32, groups int, newest int64, moved bool) (err error) {
+	full, err := b.cached(insertSQL(table, rowsPerInsert))
+	if err != nil {
+		return err
 	}
 	if err := b.exec("BEGIN IMMEDIATE"); err != nil {
 		return err
@@ -143,14 +141,14 @@ func (b *bulkConn) write(rows []rowbatch.Row, order []int32, groups int, newest 
 	}()
 	for start := 0; start < len(order); start += rowsPerInsert {
 		chunk := order[start:min(start+rowsPerInsert, len(order))]
-		st := b.insert
+		st := full
 		if len(chunk) < rowsPerInsert {
-			if st, err = b.prepare(insertSQL(len(chunk))); err != nil {
+			if st, err = b.prepare(insertSQL(table, len(chunk))); err != nil {
 				return err
 			}
 		}
 		err = b.bindAndStep(st, rows, chunk, groups)
-		if st != b.insert {
+		if st != full {
 			sqlite3.Xsqlite3_finalize(b.tls, st)
 		}
 		if err != nil {
@@ -213,18 +211,27 @@ func (b *bulkConn) bindAndStep(st uintptr, rows []rowbatch.Row, chunk []int32, g
 // inclusive) and epoch < before, optionally within a key-group range, in
 // key and epoch order, keeping only the newest version of each key; it
 // reads at most limit rows and returns how many it read.
-func (b *bulkConn) scanStep(p *page, step, after string, inclusive bool, before int64, groups *keygroup.Range, limit int) (int, error) {
-	q := `SELECT state_key, epoch, value IS NULL, value FROM snaps WHERE step_id = ?1 AND state_key `
-	if inclusive {
-		q += `>= ?2`
-	} else {
-		q += `> ?2`
+func (b *bulkConn) scanStep(p *page, step, after string, inclusive bool, before int64, groups *keygroup.Range, limit int, withRecent bool) (int, error) {
+	arm := func(table, src string) string {
+		q := `SELECT state_key, epoch, value IS NULL, value, ` + src + ` FROM ` + table + ` WHERE step_id = ?1 AND state_key `
+		if inclusive {
+			q += `>= ?2`
+		} else {
+			q += `> ?2`
+		}
+		q += ` AND epoch < ?3`
+		if groups != nil {
+			q += ` AND key_group >= ?5 AND key_group < ?6`
+		}
+		return q
 	}
-	q += ` AND epoch < ?3`
-	if groups != nil {
-		q += ` AND key_group >= ?5 AND key_group < ?6`
+	q := arm("snaps", "0")
+	if withRecent {
+		// SQLite merges the two ordered arms; for one (key, epoch) in both
+		// tables the recent row comes last and wins, being the newer write.
+		q += ` UNION ALL ` + arm("recent", "1")
 	}
-	q += ` ORDER BY state_key, epoch LIMIT ?4`
+	q += ` ORDER BY 1, 2, 5 LIMIT ?4`
 	st, err := b.cached(q)
 	if err != nil {
 		return 0, err
@@ -271,6 +278,28 @@ func (b *bulkConn) scanStep(p *page, step, after string, inclusive bool, before 
 		}
 		p.add(key, epoch, val, deleted)
 	}
+}
+
+// fold moves the recent table's rows into snaps in one transaction (in
+// key order, so snaps is walked once) and returns how many moved.
+func (b *bulkConn) fold() (moved int64, err error) {
+	if err := b.exec("BEGIN IMMEDIATE"); err != nil {
+		return 0, err
+	}
+	defer func() {
+		if err != nil {
+			b.exec("ROLLBACK")
+		}
+	}()
+	if err := b.exec(`INSERT OR REPLACE INTO snaps (step_id, state_key, epoch, key_group, value)
+		SELECT step_id, state_key, epoch, key_group, value FROM recent ORDER BY step_id, state_key, epoch`); err != nil {
+		return 0, err
+	}
+	moved = sqlite3.Xsqlite3_changes64(b.tls, b.db)
+	if err := b.exec(`DELETE FROM recent`); err != nil {
+		return 0, err
+	}
+	return moved, b.exec("COMMIT")
 }
 
 // gc removes, in one transaction, every row superseded by a newer row
@@ -410,10 +439,6 @@ func (b *bulkConn) close() error {
 	for q, st := range b.scans {
 		sqlite3.Xsqlite3_finalize(b.tls, st)
 		delete(b.scans, q)
-	}
-	if b.insert != 0 {
-		sqlite3.Xsqlite3_finalize(b.tls, b.insert)
-		b.insert = 0
 	}
 	if b.arena != 0 {
 		libc.Xfree(b.tls, b.arena)

@@ -105,6 +105,9 @@ func dsn(path string, o Options) string {
 		q = append([]string{"_pragma=page_size(1024)"}, q...)
 		q = append(q, "_pragma=journal_mode(MEMORY)", "_pragma=synchronous(OFF)")
 	} else {
+		// Incremental auto-vacuum (it takes effect when the file is
+		// created) lets Reclaim hand pages freed by GC back to the disk.
+		q = append([]string{"_pragma=auto_vacuum(INCREMENTAL)"}, q...)
 		q = append(q, "_pragma=journal_mode(WAL)", "_pragma=synchronous(NORMAL)", "_pragma=wal_autocheckpoint(0)")
 	}
 	return "file:" + path + "?" + strings.Join(q, "&")

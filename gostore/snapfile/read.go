@@ -20,9 +20,20 @@ func (f *File) Get(ctx context.Context, step, key string, before int64) (row row
 	}
 	var val []byte
 	var isNull bool
-	err = f.db.QueryRowContext(ctx,
-		`SELECT epoch, value, value IS NULL FROM snaps WHERE step_id = ? AND state_key = ? AND epoch < ?
-		 ORDER BY epoch DESC LIMIT 1`, step, key, before).Scan(&row.Epoch, &val, &isNull)
+	q := `SELECT epoch, value, value IS NULL FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3
+		ORDER BY epoch DESC LIMIT 1`
+	if f.hasRecent {
+		// The recent row wins a tie on epoch: it is the newer write.
+		q = `SELECT epoch, value, value IS NULL, 0 FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3
+			UNION ALL SELECT epoch, value, value IS NULL, 1 FROM recent WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3
+			ORDER BY 1 DESC, 4 DESC LIMIT 1`
+	}
+	var src int
+	dest := []any{&row.Epoch, &val, &isNull}
+	if f.hasRecent {
+		dest = append(dest, &src)
+	}
+	err = f.db.QueryRowContext(ctx, q, step, key, before).Scan(dest...)
 	if errors.Is(err, sql.ErrNoRows) {
 		return rowbatch.Row{}, false, nil
 	}
@@ -129,7 +140,12 @@ func (f *File) scanPage(ctx context.Context, o ScanOptions, cur Cursor) (p *page
 // stepAtOrAfter returns the smallest step id >= from, or "" if none.
 func (f *File) stepAtOrAfter(ctx context.Context, from string) (string, error) {
 	var step sql.NullString
-	if err := f.db.QueryRowContext(ctx, `SELECT min(step_id) FROM snaps WHERE step_id >= ?`, from).Scan(&step); err != nil {
+	q := `SELECT min(step_id) FROM snaps WHERE step_id >= ?1`
+	if f.hasRecent {
+		q = `SELECT min(s) FROM (SELECT min(step_id) AS s FROM snaps WHERE step_id >= ?1
+			UNION ALL SELECT min(step_id) FROM recent WHERE step_id >= ?1)`
+	}
+	if err := f.db.QueryRowContext(ctx, q, from).Scan(&step); err != nil {
 		return "", fmt.Errorf("scan %s: %w", f.path, err)
 	}
 	return step.String, nil
@@ -154,7 +170,7 @@ func (f *File) scanStepPage(ctx context.Context, o ScanOptions, step string, cur
 		return nil, after, false, fmt.Errorf("scan %s: %w", f.path, err)
 	}
 	p = &page{}
-	read, err := b.scanStep(p, step, after, !cur.After, before, o.Groups, limit)
+	read, err := b.scanStep(p, step, after, !cur.After, before, o.Groups, limit, f.hasRecent)
 	if err != nil {
 		return nil, after, false, err
 	}
@@ -204,22 +220,21 @@ func (f *File) Scan(ctx context.Context, o ScanOptions, fn func([]rowbatch.Row) 
 	}
 }
 
-// Steps lists the step ids that have rows, sorted.
+// Steps lists the step ids that have rows, sorted. Each step costs one
+// primary-key seek, not a walk over its rows.
 func (f *File) Steps(ctx context.Context) ([]string, error) {
-	rows, err := f.db.QueryContext(ctx, `SELECT DISTINCT step_id FROM snaps ORDER BY step_id`)
-	if err != nil {
-		return nil, fmt.Errorf("list steps of %s: %w", f.path, err)
-	}
-	defer rows.Close()
 	var steps []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			return nil, fmt.Errorf("list steps of %s: %w", f.path, err)
+	for from := ""; ; {
+		step, err := f.stepAtOrAfter(ctx, from)
+		if err != nil {
+			return nil, fmt.Errorf("list steps: %w", err)
 		}
-		steps = append(steps, s)
+		if step == "" { // none left (step ids are never empty)
+			return steps, nil
+		}
+		steps = append(steps, step)
+		from = step + "\x00"
 	}
-	return steps, rows.Err()
 }
 
 // Stats summarizes a file's contents.
@@ -235,8 +250,12 @@ type Stats struct {
 func (f *File) Stats(ctx context.Context) (Stats, error) {
 	var s Stats
 	var minE, maxE sql.NullInt64
+	from := `snaps`
+	if f.hasRecent {
+		from = `(SELECT epoch, value FROM snaps UNION ALL SELECT epoch, value FROM recent)`
+	}
 	err := f.db.QueryRowContext(ctx, `SELECT count(*), count(*) - count(value), coalesce(sum(length(value)), 0),
-		min(epoch), max(epoch) FROM snaps`).Scan(&s.Rows, &s.Deletions, &s.ValueBytes, &minE, &maxE)
+		min(epoch), max(epoch) FROM `+from).Scan(&s.Rows, &s.Deletions, &s.ValueBytes, &minE, &maxE)
 	if err != nil {
 		return Stats{}, fmt.Errorf("stats of %s: %w", f.path, err)
 	}

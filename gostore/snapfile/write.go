@@ -38,11 +38,84 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
 	}
-	if err := b.write(rows, order, f.meta.KeyGroupCount, newest, newest != f.meta.LastEpoch); err != nil {
+	table := "snaps"
+	if f.buffered() && f.fitsBuffer(rows) {
+		if !f.hasRecent {
+			if err := b.exec(recentTable); err != nil {
+				return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
+			}
+			f.hasRecent = true
+		}
+		table = "recent"
+	} else if f.recentRows > 0 {
+		// A large batch goes straight to snaps. What the buffer holds was
+		// written before it, so it goes first: a row in snaps is never a
+		// newer write than one with the same key and epoch in recent.
+		if _, err := f.FoldRecent(ctx); err != nil {
+			return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
+		}
+	}
+	if err := b.write(table, rows, order, f.meta.KeyGroupCount, newest, newest != f.meta.LastEpoch); err != nil {
 		return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
 	}
 	f.meta.LastEpoch = newest
+	if table == "recent" {
+		f.recentRows += int64(len(rows))
+	}
 	return len(rows), nil
+}
+
+// Buffering limits: a batch goes to the recent table while the table stays
+// under recentMaxRows and the batch is under 1/32 of the store's bytes.
+// A page holds a few dozen rows, so a batch of a few percent of the rows
+// already touches most of snaps' pages: buffering it would only write it
+// twice. Below that, it saves nearly a page write per row.
+const (
+	recentMaxRows   = 1 << 17
+	recentStoreFrac = 32
+)
+
+func (f *File) fitsBuffer(rows []rowbatch.Row) bool {
+	if int64(len(rows))+f.recentRows > recentMaxRows {
+		return false
+	}
+	var size int64
+	for i := range rows {
+		size += int64(len(rows[i].StepID) + len(rows[i].Key) + len(rows[i].Value))
+	}
+	var store int64
+	for _, p := range []string{f.path, f.path + "-wal"} {
+		if st, err := os.Stat(p); err == nil {
+			store += st.Size()
+		}
+	}
+	return size*recentStoreFrac <= store
+}
+
+// RecentRows is about how many rows wait in the recent table (an upper
+// bound: a row written twice counts twice) until FoldRecent.
+func (f *File) RecentRows() int64 { return f.recentRows }
+
+// FoldRecent moves every row of the recent table into snaps, in one
+// transaction, and returns how many moved. Done in the background after
+// small writes, it takes their page writes off the writer's path.
+func (f *File) FoldRecent(ctx context.Context) (int64, error) {
+	if !f.hasRecent || f.recentRows == 0 {
+		return 0, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("fold %s: %w", f.path, err)
+	}
+	b, err := f.rawConn()
+	if err != nil {
+		return 0, fmt.Errorf("fold %s: %w", f.path, err)
+	}
+	n, err := b.fold()
+	if err != nil {
+		return 0, fmt.Errorf("fold: %w", err)
+	}
+	f.recentRows = 0
+	return n, nil
 }
 
 // sortedOrder returns the indexes of rows in (step, key, epoch) order, ties
@@ -167,9 +240,9 @@ func parallelSort(s []sortEntry, cmpFn func(a, b sortEntry) int) []sortEntry {
 // parallelSortRows is the batch size from which sorting uses two cores.
 const parallelSortRows = 1 << 16
 
-func insertSQL(n int) string {
+func insertSQL(table string, n int) string {
 	var b strings.Builder
-	b.WriteString(`INSERT OR REPLACE INTO snaps (step_id, state_key, epoch, key_group, value) VALUES `)
+	b.WriteString(`INSERT OR REPLACE INTO ` + table + ` (step_id, state_key, epoch, key_group, value) VALUES `)
 	for i := 0; i < n; i++ {
 		if i > 0 {
 			b.WriteByte(',')
@@ -182,11 +255,28 @@ func insertSQL(n int) string {
 // DeleteFrom removes every row with epoch >= epoch: the rollback of epochs
 // that never committed. It returns how many rows went.
 func (f *File) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
-	res, err := f.db.ExecContext(ctx, `DELETE FROM snaps WHERE epoch >= ?`, epoch)
+	tx, err := f.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("roll back %s to before epoch %d: %w", f.path, epoch, err)
 	}
-	return res.RowsAffected()
+	defer tx.Rollback()
+	var n int64
+	tables := []string{"snaps"}
+	if f.hasRecent {
+		tables = append(tables, "recent")
+	}
+	for _, t := range tables {
+		res, err := tx.ExecContext(ctx, `DELETE FROM `+t+` WHERE epoch >= ?`, epoch)
+		if err != nil {
+			return 0, fmt.Errorf("roll back %s to before epoch %d: %w", f.path, epoch, err)
+		}
+		k, _ := res.RowsAffected()
+		n += k
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("roll back %s to before epoch %d: %w", f.path, epoch, err)
+	}
+	return n, nil
 }
 
 // GC removes rows that can never be read again once epoch committed is
@@ -201,6 +291,10 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
 	}
+	// Supersessors may wait in the recent table: GC works on snaps.
+	if _, err := f.FoldRecent(ctx); err != nil {
+		return 0, fmt.Errorf("gc: %w", err)
+	}
 	b, err := f.rawConn()
 	if err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
@@ -210,6 +304,46 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 		return 0, fmt.Errorf("gc: %w", err)
 	}
 	return n, nil
+}
+
+// reclaimFraction is the share of free pages past which Reclaim shrinks
+// the file.
+const reclaimFraction = 8
+
+// Reclaim gives the disk back the pages GC and folding freed, once they are
+// more than 1/8 of the file: SQLite keeps freed pages for reuse, so a
+// store that once held more versions than now would otherwise keep their
+// size for good. It returns how many pages went. Files created before
+// incremental auto-vacuum was turned on keep their pages.
+func (f *File) Reclaim(ctx context.Context) (int64, error) {
+	if f.opts.Segment {
+		return 0, nil
+	}
+	var pages, free int64
+	if err := f.db.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages); err != nil {
+		return 0, fmt.Errorf("reclaim %s: %w", f.path, err)
+	}
+	if err := f.db.QueryRowContext(ctx, `PRAGMA freelist_count`).Scan(&free); err != nil {
+		return 0, fmt.Errorf("reclaim %s: %w", f.path, err)
+	}
+	if free == 0 || free*reclaimFraction < pages {
+		return 0, nil
+	}
+	// incremental_vacuum returns no row per page; run it to the end.
+	rows, err := f.db.QueryContext(ctx, fmt.Sprintf(`PRAGMA incremental_vacuum(%d)`, free))
+	if err != nil {
+		return 0, fmt.Errorf("reclaim %s: %w", f.path, err)
+	}
+	for rows.Next() {
+	}
+	if err := rows.Close(); err != nil {
+		return 0, fmt.Errorf("reclaim %s: %w", f.path, err)
+	}
+	var left int64
+	if err := f.db.QueryRowContext(ctx, `PRAGMA freelist_count`).Scan(&left); err != nil {
+		return 0, fmt.Errorf("reclaim %s: %w", f.path, err)
+	}
+	return free - left, nil
 }
 
 // minCheckpointBytes is the WAL size below which a local store is never

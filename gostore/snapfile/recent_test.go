@@ -1,0 +1,306 @@
+package snapfile
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/rowbatch"
+)
+
+// base writes n keys of 200-byte values at epoch 1, so that later small
+// batches are small next to the store and go to the recent table.
+func base(t *testing.T, f *File, n int) {
+	t.Helper()
+	rows := make([]rowbatch.Row, n)
+	for i := range rows {
+		rows[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%05d", i), Epoch: 1, Value: make([]byte, 200)}
+	}
+	_, err := f.Write(context.Background(), rows)
+	require.NoError(t, err)
+	require.Zero(t, f.RecentRows(), "a batch as large as the store goes to snaps")
+}
+
+func TestSmallBatchesAreBufferedAndReadsMergeBothTables(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	base(t, f, 2000)
+	_, err := f.Write(ctx, []rowbatch.Row{row("s", "k00007", 2, "seven"), del("s", "k00008", 2), row("t", "new", 2, "n")})
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), f.RecentRows())
+
+	r, found, err := f.Get(ctx, "s", "k00007", 0)
+	require.NoError(t, err)
+	require.True(t, found)
+	assert.Equal(t, "seven", string(r.Value))
+	r, _, err = f.Get(ctx, "s", "k00007", 2) // before epoch 2: the base row
+	require.NoError(t, err)
+	assert.Equal(t, 200, len(r.Value))
+	r, _, err = f.Get(ctx, "s", "k00008", 0)
+	require.NoError(t, err)
+	assert.True(t, r.Deleted)
+
+	steps, err := f.Steps(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"s", "t"}, steps)
+	got := scanAll(t, f, ScanOptions{ChunkRows: 64})
+	assert.Len(t, got, 2000)
+	assert.Equal(t, "seven", got["s/k00007"])
+	assert.Equal(t, "n", got["t/new"])
+	assert.NotContains(t, got, "s/k00008")
+	st, err := f.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2003), st.Rows)
+	assert.Equal(t, int64(2), st.MaxEpoch)
+
+	moved, err := f.FoldRecent(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), moved)
+	assert.Zero(t, f.RecentRows())
+	assert.Equal(t, got, scanAll(t, f, ScanOptions{ChunkRows: 64}), "folding changes no reading")
+}
+
+// A key rewritten within one epoch (immediate mode writes every batch) may
+// have its older write in snaps and its newer one in recent: the newer
+// wins in every read, before and after the fold.
+func TestNewerWriteInRecentWinsOverSameEpochInSnaps(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	base(t, f, 2000)
+	_, err := f.Write(ctx, []rowbatch.Row{row("s", "k00001", 1, "rewritten")})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), f.RecentRows())
+	check := func() {
+		r, _, err := f.Get(ctx, "s", "k00001", 0)
+		require.NoError(t, err)
+		assert.Equal(t, "rewritten", string(r.Value))
+		assert.Equal(t, "rewritten", scanAll(t, f, ScanOptions{ChunkRows: 7})["s/k00001"])
+	}
+	check()
+	_, err = f.FoldRecent(ctx)
+	require.NoError(t, err)
+	check()
+}
+
+func TestLargeBatchFoldsTheBufferFirst(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	base(t, f, 2000)
+	_, err := f.Write(ctx, []rowbatch.Row{row("s", "k00001", 2, "small")})
+	require.NoError(t, err)
+	big := make([]rowbatch.Row, 2000)
+	for i := range big {
+		big[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%05d", i), Epoch: 2, Value: make([]byte, 300)}
+	}
+	big[1].Value = []byte("big")
+	_, err = f.Write(ctx, big)
+	require.NoError(t, err)
+	assert.Zero(t, f.RecentRows())
+	r, _, err := f.Get(ctx, "s", "k00001", 0)
+	require.NoError(t, err)
+	assert.Equal(t, "big", string(r.Value), "the later write wins")
+}
+
+func TestRollbackAndGCCoverTheBuffer(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	base(t, f, 2000)
+	_, err := f.Write(ctx, []rowbatch.Row{row("s", "k00001", 2, "two"), row("s", "k00002", 3, "three")})
+	require.NoError(t, err)
+	n, err := f.DeleteFrom(ctx, 3)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n)
+	got := scanAll(t, f, ScanOptions{})
+	assert.Equal(t, "two", got["s/k00001"])
+	assert.Len(t, got["s/k00002"], 200)
+
+	removed, err := f.GC(ctx, 1, 2)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), removed, "the epoch-1 row of k00001")
+	assert.Zero(t, f.RecentRows(), "GC folds first")
+	st, err := f.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2000), st.Rows)
+}
+
+func TestBufferSurvivesReopenAndOldStoresGetIt(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.sqlite")
+	f, err := Create(ctx, path, testMeta(), Options{})
+	require.NoError(t, err)
+	base(t, f, 2000)
+	_, err = f.Write(ctx, []rowbatch.Row{row("s", "k00003", 2, "buffered")})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	f, err = Open(ctx, path, Options{})
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), f.RecentRows())
+	assert.Equal(t, "buffered", scanAll(t, f, ScanOptions{})["s/k00003"])
+	// A store from before the buffer existed: no recent table until its
+	// first buffered write.
+	_, err = f.FoldRecent(ctx)
+	require.NoError(t, err)
+	_, err = f.db.ExecContext(ctx, `DROP TABLE recent`)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	f, err = Open(ctx, path, Options{})
+	require.NoError(t, err)
+	defer f.Close()
+	assert.False(t, f.hasRecent)
+	assert.Equal(t, "buffered", scanAll(t, f, ScanOptions{})["s/k00003"])
+	_, err = f.Write(ctx, []rowbatch.Row{row("s", "k00003", 3, "again")})
+	require.NoError(t, err)
+	assert.True(t, f.hasRecent)
+	assert.Equal(t, "again", scanAll(t, f, ScanOptions{})["s/k00003"])
+}
+
+// Random writes (small ones buffered, large ones not), folds, GCs,
+// rollbacks and reopens, checked against a map of every row.
+func TestBufferedStoreMatchesAModel(t *testing.T) {
+	ctx := context.Background()
+	for seed := uint64(1); seed <= 6; seed++ {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 99))
+			path := filepath.Join(t.TempDir(), "s.sqlite")
+			f, err := Create(ctx, path, testMeta(), Options{})
+			require.NoError(t, err)
+			defer func() { f.Close() }()
+			type pk struct {
+				key   string
+				epoch int64
+			}
+			model := map[pk]string{} // "" is a deletion
+			epoch, committed, gcSince := int64(1), int64(0), int64(0)
+			buffered := 0
+			for op := 0; op < 60; op++ {
+				switch x := rng.IntN(10); {
+				case x < 6: // write a batch at the current epoch
+					n := 1 + rng.IntN(20)
+					if rng.IntN(5) == 0 {
+						n = 300 + rng.IntN(300) // large: straight to snaps
+					}
+					rows := make([]rowbatch.Row, n)
+					for i := range rows {
+						k := fmt.Sprintf("k%03d", rng.IntN(400))
+						v := fmt.Sprintf("%s@%d#%d.%d-%s", k, epoch, op, i, string(make([]byte, rng.IntN(300))))
+						if rng.IntN(8) == 0 {
+							rows[i] = del("s", k, epoch)
+							model[pk{k, epoch}] = ""
+						} else {
+							rows[i] = row("s", k, epoch, v)
+							model[pk{k, epoch}] = v
+						}
+					}
+					before := f.RecentRows()
+					_, err := f.Write(ctx, rows)
+					require.NoError(t, err)
+					if f.RecentRows() > before {
+						buffered++
+					}
+					if rng.IntN(2) == 0 {
+						committed = epoch
+						epoch++
+					}
+				case x == 6:
+					_, err := f.FoldRecent(ctx)
+					require.NoError(t, err)
+				case x == 7 && committed > gcSince:
+					_, err := f.GC(ctx, gcSince, committed)
+					require.NoError(t, err)
+					// what GC may drop: versions older than a key's newest
+					// at or before committed, and deletions at or before it
+					newest := map[string]int64{}
+					for p := range model {
+						if p.epoch <= committed && p.epoch > newest[p.key] {
+							newest[p.key] = p.epoch
+						}
+					}
+					for p, v := range model {
+						if p.epoch < newest[p.key] || (p.epoch <= committed && v == "") {
+							delete(model, p)
+						}
+					}
+					gcSince = committed
+				case x == 8: // roll back the epochs after the committed one
+					_, err := f.DeleteFrom(ctx, committed+1)
+					require.NoError(t, err)
+					for p := range model {
+						if p.epoch > committed {
+							delete(model, p)
+						}
+					}
+					epoch = committed + 1
+				case x == 9:
+					require.NoError(t, f.Close())
+					f, err = Open(ctx, path, Options{})
+					require.NoError(t, err)
+				}
+				// Reads: the newest row per key, live or deleted.
+				want := map[string]string{}
+				newest := map[string]int64{}
+				for p, v := range model {
+					if e, ok := newest[p.key]; !ok || p.epoch > e {
+						newest[p.key] = p.epoch
+						want["s/"+p.key] = v
+					}
+				}
+				for k, v := range want {
+					if v == "" {
+						delete(want, k)
+					}
+				}
+				got := scanAll(t, f, ScanOptions{ChunkRows: 1 + rng.IntN(50)})
+				require.Equal(t, want, got, "op %d", op)
+				k := fmt.Sprintf("k%03d", rng.IntN(400))
+				r, found, err := f.Get(ctx, "s", k, 0)
+				require.NoError(t, err)
+				if v, ok := want["s/"+k]; ok {
+					require.True(t, found)
+					require.Equal(t, v, string(r.Value))
+				} else if found {
+					require.True(t, r.Deleted, "key %s", k)
+				}
+			}
+			assert.Positive(t, buffered, "some writes went through the buffer")
+		})
+	}
+}
+
+// GC frees pages; Reclaim gives them back to the disk once they are a
+// noticeable share of the file.
+func TestReclaimShrinksTheFileAfterGC(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	var av int
+	require.NoError(t, f.db.QueryRowContext(ctx, `PRAGMA auto_vacuum`).Scan(&av))
+	require.Equal(t, 2, av, "local stores are created with incremental auto-vacuum")
+	for e := int64(1); e <= 3; e++ {
+		rows := make([]rowbatch.Row, 3000)
+		for i := range rows {
+			rows[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%05d", i), Epoch: e, Value: make([]byte, 300)}
+		}
+		_, err := f.Write(ctx, rows)
+		require.NoError(t, err)
+	}
+	pages := func() (n int64) {
+		require.NoError(t, f.db.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&n))
+		return n
+	}
+	before := pages()
+	_, err := f.GC(ctx, 0, 3)
+	require.NoError(t, err)
+	freed, err := f.Reclaim(ctx)
+	require.NoError(t, err)
+	assert.Greater(t, freed, before/2, "two of three versions went")
+	assert.LessOrEqual(t, pages(), before-freed)
+	assert.Len(t, scanAll(t, f, ScanOptions{}), 3000)
+	freed, err = f.Reclaim(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, freed, "nothing left to give back")
+}
