@@ -252,6 +252,11 @@ func (s *Store) runCheckpoints() {
 			if s.file != nil && s.file.RecentRows() >= foldRows {
 				s.file.FoldRecent(ctx)
 			}
+			if s.file != nil {
+				// After a store's first write; GC and rollback would
+				// build it anyway.
+				s.file.EnsureIndex(ctx)
+			}
 			due := s.file != nil && s.file.NeedsCheckpoint()
 			s.mu.Unlock()
 			if !due {
@@ -274,10 +279,11 @@ func (s *Store) runCheckpoints() {
 // background goroutine folds them into the main table.
 const foldRows = 4096
 
-// maybeCheckpoint asks the background goroutine to fold the recent table
-// or checkpoint the WAL if either is due. The caller holds s.mu.
+// maybeCheckpoint asks the background goroutine to fold the recent table,
+// build the epoch index or checkpoint the WAL, whichever is due. The caller
+// holds s.mu.
 func (s *Store) maybeCheckpoint() {
-	if s.file.RecentRows() >= foldRows {
+	if s.file.RecentRows() >= foldRows || s.file.IndexPending() {
 		select {
 		case s.kick <- struct{}{}:
 		default:

@@ -58,8 +58,11 @@ CREATE TABLE IF NOT EXISTS recent (
 // epochIndex serves rollback and garbage collection of a local store:
 // epochs only grow, so it is appended to, and it makes both cost what
 // changed rather than the whole state. Segments are written once and
-// never rolled back or collected, so they go without it.
-const epochIndex = `CREATE INDEX snaps_by_epoch ON snaps (epoch);`
+// never rolled back or collected, so they go without it. A local store's
+// first write, into an empty table, goes in without it (maintaining it
+// cost a quarter of that write) and the index is built afterwards, in the
+// background: see EnsureIndex.
+const epochIndex = `CREATE INDEX IF NOT EXISTS snaps_by_epoch ON snaps (epoch);`
 
 // Options tune how a file is opened.
 type Options struct {
@@ -83,6 +86,8 @@ type File struct {
 	// recentRows counts its rows.
 	hasRecent  bool
 	recentRows int64
+	// hasIndex tells that snaps has its epoch index (local stores only).
+	hasIndex bool
 }
 
 // cacheMiB is the page cache size each connection to the file gets.
@@ -157,11 +162,6 @@ func (f *File) init(ctx context.Context) error {
 	if _, err := tx.ExecContext(ctx, schema); err != nil {
 		return err
 	}
-	if !f.opts.Segment {
-		if _, err := tx.ExecContext(ctx, epochIndex); err != nil {
-			return err
-		}
-	}
 	if f.buffered() {
 		if _, err := tx.ExecContext(ctx, recentTable); err != nil {
 			return err
@@ -218,6 +218,11 @@ func (f *File) buffered() bool {
 // it holds. Local stores made before the table existed get it at their
 // first buffered write, so opening never writes.
 func (f *File) findRecent(ctx context.Context) error {
+	var idx int
+	if err := f.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'snaps_by_epoch'`).Scan(&idx); err != nil {
+		return err
+	}
+	f.hasIndex = idx > 0
 	var n int
 	if err := f.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'recent'`).Scan(&n); err != nil {
 		return err

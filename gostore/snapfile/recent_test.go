@@ -304,3 +304,38 @@ func TestReclaimShrinksTheFileAfterGC(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, freed, "nothing left to give back")
 }
+
+// A local store's first write goes in without the epoch index; the index
+// is built after it (in the background by the store's owner, or by the
+// first GC, rollback or second large write), and rows written before it
+// are found by GC and rollback all the same.
+func TestEpochIndexIsBuiltAfterTheFirstWrite(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	assert.True(t, f.IndexPending())
+	base(t, f, 3000)
+	assert.True(t, f.IndexPending(), "the first write skipped the index")
+	require.NoError(t, f.EnsureIndex(ctx))
+	assert.False(t, f.IndexPending())
+
+	g := newFile(t)
+	base(t, g, 3000)
+	big := make([]rowbatch.Row, 3000)
+	for i := range big {
+		big[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%05d", i), Epoch: 2, Value: []byte("two")}
+	}
+	_, err := g.Write(ctx, big)
+	require.NoError(t, err)
+	assert.False(t, g.IndexPending(), "a write into a non-empty snaps builds the index first")
+	removed, err := g.GC(ctx, 0, 2)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3000), removed, "the unindexed first write's rows are superseded")
+
+	h := newFile(t)
+	base(t, h, 3000)
+	n, err := h.DeleteFrom(ctx, 1)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3000), n)
+	assert.False(t, h.IndexPending())
+	assert.Empty(t, scanAll(t, h, ScanOptions{}))
+}

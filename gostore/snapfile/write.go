@@ -47,12 +47,28 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 			f.hasRecent = true
 		}
 		table = "recent"
-	} else if f.recentRows > 0 {
-		// A large batch goes straight to snaps. What the buffer holds was
-		// written before it, so it goes first: a row in snaps is never a
-		// newer write than one with the same key and epoch in recent.
-		if _, err := f.FoldRecent(ctx); err != nil {
-			return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
+	} else {
+		if f.recentRows > 0 {
+			// A large batch goes straight to snaps. What the buffer holds
+			// was written before it, so it goes first: a row in snaps is
+			// never a newer write than one with the same key and epoch
+			// in recent.
+			if _, err := f.FoldRecent(ctx); err != nil {
+				return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
+			}
+		}
+		// Rows written into an empty snaps need no index entries until
+		// after the write (EnsureIndex); into a non-empty one, they do.
+		if !f.opts.Segment && !f.hasIndex {
+			empty, err := f.snapsEmpty(ctx)
+			if err != nil {
+				return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
+			}
+			if !empty {
+				if err := f.EnsureIndex(ctx); err != nil {
+					return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
+				}
+			}
 		}
 	}
 	if err := b.write(table, rows, order, f.meta.KeyGroupCount, newest, newest != f.meta.LastEpoch); err != nil {
@@ -90,6 +106,32 @@ func (f *File) fitsBuffer(rows []rowbatch.Row) bool {
 		}
 	}
 	return size*recentStoreFrac <= store
+}
+
+// IndexPending reports that snaps lacks its epoch index (a local store
+// after its first write): EnsureIndex should run, in the background.
+func (f *File) IndexPending() bool {
+	return !f.opts.Segment && !f.hasIndex
+}
+
+// EnsureIndex builds snaps' epoch index if it is missing. GC and rollback
+// call it first; a store's owner calls it in the background after the
+// first write.
+func (f *File) EnsureIndex(ctx context.Context) error {
+	if !f.IndexPending() {
+		return nil
+	}
+	if _, err := f.db.ExecContext(ctx, epochIndex); err != nil {
+		return fmt.Errorf("index %s: %w", f.path, err)
+	}
+	f.hasIndex = true
+	return nil
+}
+
+func (f *File) snapsEmpty(ctx context.Context) (bool, error) {
+	var n int
+	err := f.db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM snaps LIMIT 1)`).Scan(&n)
+	return n == 0, err
 }
 
 // RecentRows is about how many rows wait in the recent table (an upper
@@ -255,6 +297,9 @@ func insertSQL(table string, n int) string {
 // DeleteFrom removes every row with epoch >= epoch: the rollback of epochs
 // that never committed. It returns how many rows went.
 func (f *File) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
+	if err := f.EnsureIndex(ctx); err != nil {
+		return 0, fmt.Errorf("roll back %s to before epoch %d: %w", f.path, epoch, err)
+	}
 	tx, err := f.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("roll back %s to before epoch %d: %w", f.path, epoch, err)
@@ -291,8 +336,12 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
 	}
-	// Supersessors may wait in the recent table: GC works on snaps.
+	// Supersessors may wait in the recent table: GC works on snaps, and
+	// finds what was written through the epoch index.
 	if _, err := f.FoldRecent(ctx); err != nil {
+		return 0, fmt.Errorf("gc: %w", err)
+	}
+	if err := f.EnsureIndex(ctx); err != nil {
 		return 0, fmt.Errorf("gc: %w", err)
 	}
 	b, err := f.rawConn()
