@@ -87,14 +87,14 @@ PyObject *mp_run_open_py(PyObject *self, PyObject *args) {
     const char *dir, *flow;
     int workers, groups, mode, inflight, retain;
     unsigned long long bh;
-    double ratio;
+    double retain_seconds, ratio;
     long long cmin;
-    if (!PyArg_ParseTuple(args, "ssiiKiiidL", &dir, &flow, &workers, &groups, &bh, &mode, &inflight, &retain, &ratio,
-                          &cmin))
+    if (!PyArg_ParseTuple(args, "ssiiKiiiddL", &dir, &flow, &workers, &groups, &bh, &mode, &inflight, &retain,
+                          &retain_seconds, &ratio, &cmin))
         return NULL;
     uintptr_t h = 0;
-    CALL_GO(mp_run_open((char *)dir, (char *)flow, workers, groups, bh, mode, inflight, retain, ratio, cmin, &h, &kind,
-                        &msg));
+    CALL_GO(mp_run_open((char *)dir, (char *)flow, workers, groups, bh, mode, inflight, retain, retain_seconds, ratio,
+                        cmin, &h, &kind, &msg));
     return PyLong_FromUnsignedLongLong(h);
 }
 

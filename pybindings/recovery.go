@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/millpond/millpond/gostore/durable"
@@ -24,7 +25,7 @@ type storeRef struct {
 
 //export mp_run_open
 func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uintptr_t, mode C.int,
-	maxInFlight, retain C.int, compactRatio C.double, compactMin C.longlong,
+	maxInFlight, retain C.int, retainSeconds C.double, compactRatio C.double, compactMin C.longlong,
 	out *C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 	bh, err := lookup[*backupHandle](uintptr(backupH))
 	if err != nil {
@@ -34,6 +35,7 @@ func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uin
 		LocalDir: C.GoString(localDir), FlowID: C.GoString(flow),
 		WorkerCount: int(workers), KeyGroupCount: int(keyGroups), Backup: bh.b,
 		Mode: durable.SnapshotMode(mode), MaxEpochsInFlight: int(maxInFlight), RetainEpochs: int(retain),
+		RetainFor:    time.Duration(float64(retainSeconds) * float64(time.Second)),
 		CompactRatio: float64(compactRatio), CompactMinBytes: int64(compactMin),
 	}
 	run, err := durable.Open(context.Background(), cfg)

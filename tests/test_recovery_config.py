@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from millpond.backup import DirBackup
@@ -98,3 +100,30 @@ def test_config_is_frozen(tmp_path):
     cfg = RecoveryConfig(tmp_path)
     with pytest.raises(Exception):
         cfg.retain_epochs = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("value", [5, "1h", timedelta(seconds=-1)])
+def test_retain_for_must_be_a_non_negative_timedelta(tmp_path, value):
+    with pytest.raises(ValueError, match="retain_for"):
+        RecoveryConfig(tmp_path, retain_for=value)
+
+
+@pytest.mark.parametrize("retain_for, keeps_all", [(None, False), (timedelta(hours=1), True)])
+def test_retain_for_keeps_every_commit_record_of_the_window(tmp_path, retain_for, keeps_all):
+    import millpond.operators as op
+    from millpond.dataflow import Dataflow
+    from millpond.testing import TestingSink, TestingSource, run_main
+
+    flow = Dataflow("keep")
+    items = [(f"k{i % 7}", i) for i in range(60)]
+    s = op.input("inp", flow, TestingSource(items, batch_size=5))
+    op.output("out", op.stateful_map("sum", s, lambda st, v: ((st or 0) + v, v)), TestingSink([]))
+    (tmp_path / "state").mkdir()
+    cfg = RecoveryConfig(tmp_path / "state", backup=str(tmp_path / "backup"), retain_epochs=1,
+                         retain_for=retain_for, compact_min_bytes=1)
+    run_main(flow, epoch_interval=timedelta(0), recovery_config=cfg)
+    commits = sorted((tmp_path / "backup" / "keep" / "commits").iterdir())
+    if keeps_all:
+        assert len(commits) >= 10
+    else:
+        assert len(commits) <= 2

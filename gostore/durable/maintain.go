@@ -302,6 +302,21 @@ func (r *Run) collectGarbage(ctx context.Context) error {
 		if !ok || e == newest.Epoch {
 			continue
 		}
+		var rec CommitRecord
+		var err error
+		if e <= cutoff && r.cfg.RetainFor > 0 {
+			// Past the epochs kept: still kept if young enough, which
+			// only the record itself can tell.
+			if rec, err = readCommit(ctx, b, flow, e); err != nil && !errors.Is(err, ErrCorrupt) {
+				return fmt.Errorf("read commit record %s: %w", o.Key, err)
+			}
+			if err == nil && time.Since(time.Unix(rec.CommittedUnix, 0)) < r.cfg.RetainFor {
+				for _, ref := range rec.Objects {
+					referenced[ref.Key] = true
+				}
+				continue
+			}
+		}
 		if e <= cutoff {
 			if err := b.Delete(ctx, o.Key); err != nil {
 				return err
@@ -309,7 +324,7 @@ func (r *Run) collectGarbage(ctx context.Context) error {
 			r.countDeleted()
 			continue
 		}
-		rec, err := readCommit(ctx, b, flow, e)
+		rec, err = readCommit(ctx, b, flow, e)
 		if err != nil && !errors.Is(err, ErrCorrupt) {
 			// Not knowing what a retained record names, nothing may go:
 			// a failed download is no reason to break its restore.

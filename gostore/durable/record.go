@@ -53,7 +53,10 @@ type CommitRecord struct {
 	WorkerCount   int         `json:"worker_count"`
 	KeyGroupCount int         `json:"key_group_count"`
 	Objects       []ObjectRef `json:"objects"`
-	Checksum      string      `json:"checksum"`
+	// CommittedUnix is when the record was written (seconds since the
+	// epoch), for retention by time; absent in records of older versions.
+	CommittedUnix int64  `json:"committed_unix,omitempty"`
+	Checksum      string `json:"checksum"`
 }
 
 // ExecutionRecord marks the start of a run.

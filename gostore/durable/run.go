@@ -52,6 +52,10 @@ type Config struct {
 	// RetainEpochs keeps commit records (and the objects they name) of
 	// this many recent epochs for point-in-time restore. Default 10.
 	RetainEpochs int
+	// RetainFor also keeps every commit record written within this long
+	// (and the objects it names), however many epochs that spans. Zero
+	// keeps by epochs only.
+	RetainFor time.Duration
 	// CompactRatio: compact when the bytes of segments since the last
 	// compaction exceed this multiple of the compacted state. Default 0.5,
 	// which keeps the durable footprint within about 3x the live state.
@@ -569,7 +573,8 @@ func (r *Run) tryCommit() {
 	rec := CommitRecord{
 		FlowID: r.cfg.FlowID, Epoch: target, Execution: r.execution,
 		WorkerCount: r.cfg.WorkerCount, KeyGroupCount: r.cfg.KeyGroupCount,
-		Objects: append(append([]ObjectRef{}, r.record.Objects...), fresh...),
+		Objects:       append(append([]ObjectRef{}, r.record.Objects...), fresh...),
+		CommittedUnix: time.Now().Unix(),
 	}
 	sortObjects(rec.Objects)
 	if err := r.checkNotSuperseded(r.ctx); err != nil {

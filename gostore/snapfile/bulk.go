@@ -23,12 +23,12 @@ import (
 // It is used by one goroutine at a time (File's contract), so SQLite's
 // own mutexes are off.
 type bulkConn struct {
-	path   string
-	tls    *libc.TLS
-	db     uintptr
-	arena  uintptr // holds the bound text and blobs of one statement
-	size   int
-	scans  map[string]uintptr // prepared statements by SQL text
+	path  string
+	tls   *libc.TLS
+	db    uintptr
+	arena uintptr // holds the bound text and blobs of one statement
+	size  int
+	scans map[string]uintptr // prepared statements by SQL text
 }
 
 // openBulk opens the bulk connection with the same journal settings as the

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -88,6 +89,9 @@ class RecoveryConfig:
       it bounds how many workers the state can be spread over.
     - ``retain_epochs``: commit records (and the objects they name) kept
       for point-in-time restore of recent epochs.
+    - ``retain_for``: a :class:`~datetime.timedelta`; commit records
+      written within this long are kept too, however many epochs that
+      spans (``None``: keep by epochs only).
     - ``max_epochs_in_flight``: epochs closed but not yet committed before
       the flow waits for uploads (back-pressure).
     - ``compact_ratio`` / ``compact_min_bytes``: compact the durable state
@@ -100,6 +104,7 @@ class RecoveryConfig:
     snapshot_mode: SnapshotMode = SnapshotMode.BATCH
     key_group_count: int = DEFAULT_KEY_GROUP_COUNT
     retain_epochs: int = 10
+    retain_for: Optional[timedelta] = None
     max_epochs_in_flight: int = 4
     compact_ratio: float = 0.5
     compact_min_bytes: int = 1 << 20
@@ -131,6 +136,10 @@ class RecoveryConfig:
         for name, value, least in checks:
             if type(value) is not int or value < least:
                 raise ValueError(f"{name} must be an int of at least {least}, got {value!r}")
+        if self.retain_for is not None and (
+            not isinstance(self.retain_for, timedelta) or self.retain_for < timedelta(0)
+        ):
+            raise ValueError(f"retain_for must be a non-negative datetime.timedelta or None, got {self.retain_for!r}")
         if not self.compact_ratio > 0:
             raise ValueError(f"compact_ratio must be positive, got {self.compact_ratio!r}")
 
@@ -170,7 +179,8 @@ class RecoveryRun:
             self._handle = c.run_open(
                 str(config.local_state_dir), flow_id, worker_count, config.key_group_count,
                 self._backup_handle, _GO_MODE[config.snapshot_mode], config.max_epochs_in_flight,
-                config.retain_epochs, float(config.compact_ratio), config.compact_min_bytes,
+                config.retain_epochs, config.retain_for.total_seconds() if config.retain_for else 0.0,
+                float(config.compact_ratio), config.compact_min_bytes,
             )
             self.execution, self.resume_epoch, self.committed_epoch, _ = c.run_info(self._handle)
             for w in range(worker_count):
