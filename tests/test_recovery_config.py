@@ -122,8 +122,10 @@ def test_retain_for_keeps_every_commit_record_of_the_window(tmp_path, retain_for
     cfg = RecoveryConfig(tmp_path / "state", backup=str(tmp_path / "backup"), retain_epochs=1,
                          retain_for=retain_for, compact_min_bytes=1)
     run_main(flow, epoch_interval=timedelta(0), recovery_config=cfg)
-    commits = sorted((tmp_path / "backup" / "keep" / "commits").iterdir())
+    commits = sorted(int(p.stem) for p in (tmp_path / "backup" / "keep" / "commits").iterdir())
+    # 12 batches, each its own epoch; a commit record may cover several
+    # epochs that finished together, so fewer records than epochs exist.
     if keeps_all:
-        assert len(commits) >= 10
+        assert len(commits) >= 5 and commits[0] <= 3, commits
     else:
-        assert len(commits) <= 2
+        assert len(commits) <= 2 and commits[0] >= 10, commits
