@@ -2,6 +2,9 @@
 durable footprint of at most 3x a compacted snapshot of the live state, and
 a local store of about 2x a freshly written one.
 
+Retention is the minimum (retain_epochs=1), as in the test at scale: the
+bound is on the pipeline's own overhead, not on history a user keeps.
+
 The reference sizes come from a run that writes the same final state in a
 single epoch: its first segment is the serialized live state, its local
 store a compact local store of that state. A sampler thread records the
@@ -111,7 +114,7 @@ def growth(tmp_path_factory) -> Dict[str, Any]:
     d = tmp_path_factory.mktemp("grow")
     (d / "state").mkdir()
     cfg = RecoveryConfig(d / "state", backup=str(d / "backup"), snapshot_mode=SnapshotMode.BATCH,
-                         retain_epochs=2, compact_min_bytes=64 << 10, compact_ratio=0.5)
+                         retain_epochs=1, compact_min_bytes=64 << 10, compact_ratio=0.5)
     sampler = _Sampler({"backup": d / "backup", "local": d / "state"})
     sampler.start()
     try:
@@ -151,7 +154,7 @@ def test_compacted_state_restores_to_the_final_state(growth):
     s = op.stateful_map("state", op.map("pace", s, lambda x: x), lambda st, v: (st if v is None else v, st))
     op.output("out", s, TestingSink(out))
     run_main(flow, epoch_interval=timedelta(0),
-             recovery_config=RecoveryConfig(d / "state", backup=str(d / "backup"), retain_epochs=2))
+             recovery_config=RecoveryConfig(d / "state", backup=str(d / "backup"), retain_epochs=1))
     assert dict(out) == growth["final"]
 
 
