@@ -237,15 +237,11 @@ func (b *bulkConn) scanStep(p *page, step, after string, inclusive bool, before 
 		return 0, err
 	}
 	defer sqlite3.Xsqlite3_reset(b.tls, st)
-	if err := b.reserve(len(step) + len(after)); err != nil {
+	rc, err := b.bindStepKey(st, step, after)
+	if err != nil {
 		return 0, err
 	}
-	mem := unsafe.Slice((*byte)(cmem(b.arena)), b.size)
-	n := copy(mem, step)
-	copy(mem[n:], after)
-	rc := sqlite3.Xsqlite3_bind_text(b.tls, st, 1, b.arena, int32(len(step)), sqlite3.SQLITE_STATIC) |
-		sqlite3.Xsqlite3_bind_text(b.tls, st, 2, b.arena+uintptr(n), int32(len(after)), sqlite3.SQLITE_STATIC) |
-		sqlite3.Xsqlite3_bind_int64(b.tls, st, 3, before) |
+	rc |= sqlite3.Xsqlite3_bind_int64(b.tls, st, 3, before) |
 		sqlite3.Xsqlite3_bind_int64(b.tls, st, 4, int64(limit))
 	if groups != nil {
 		rc |= sqlite3.Xsqlite3_bind_int64(b.tls, st, 5, int64(groups.Lo)) |
@@ -382,15 +378,11 @@ func (b *bulkConn) writtenKeys(since, committed int64) ([]rowbatch.Row, error) {
 // stepKeyed binds (step, key, epoch) to st's three parameters, runs it
 // and returns how many rows it changed.
 func (b *bulkConn) stepKeyed(st uintptr, step, key string, epoch int64) (int64, error) {
-	if err := b.reserve(len(step) + len(key)); err != nil {
+	rc, err := b.bindStepKey(st, step, key)
+	if err != nil {
 		return 0, err
 	}
-	mem := unsafe.Slice((*byte)(cmem(b.arena)), b.size)
-	n := copy(mem, step)
-	copy(mem[n:], key)
-	rc := sqlite3.Xsqlite3_bind_text(b.tls, st, 1, b.arena, int32(len(step)), sqlite3.SQLITE_STATIC) |
-		sqlite3.Xsqlite3_bind_text(b.tls, st, 2, b.arena+uintptr(n), int32(len(key)), sqlite3.SQLITE_STATIC) |
-		sqlite3.Xsqlite3_bind_int64(b.tls, st, 3, epoch)
+	rc |= sqlite3.Xsqlite3_bind_int64(b.tls, st, 3, epoch)
 	if rc != sqlite3.SQLITE_OK {
 		return 0, b.errorf("bind", rc)
 	}
@@ -400,6 +392,19 @@ func (b *bulkConn) stepKeyed(st uintptr, step, key string, epoch int64) (int64, 
 		return 0, b.errorf("delete superseded rows of "+step+"/"+key+" in", rc)
 	}
 	return sqlite3.Xsqlite3_changes64(b.tls, b.db), nil
+}
+
+// bindStepKey copies step and key into the arena and binds them to st's
+// parameters 1 and 2; it returns SQLite's result codes or-ed together.
+func (b *bulkConn) bindStepKey(st uintptr, step, key string) (int32, error) {
+	if err := b.reserve(len(step) + len(key)); err != nil {
+		return 0, err
+	}
+	mem := unsafe.Slice((*byte)(cmem(b.arena)), b.size)
+	n := copy(mem, step)
+	copy(mem[n:], key)
+	return sqlite3.Xsqlite3_bind_text(b.tls, st, 1, b.arena, int32(len(step)), sqlite3.SQLITE_STATIC) |
+		sqlite3.Xsqlite3_bind_text(b.tls, st, 2, b.arena+uintptr(n), int32(len(key)), sqlite3.SQLITE_STATIC), nil
 }
 
 // cached returns the prepared statement for q, preparing it once.
