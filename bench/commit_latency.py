@@ -52,21 +52,9 @@ if __name__ == "__main__" and not (os.environ.get("AWS_ACCESS_KEY_ID") and os.en
 from millpond.recovery import RecoveryConfig, SnapshotMode, open_recovery_run  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-FLOW = "bench"
-STEP = "bench.state"
-LABEL = "w" * 80
-
-
-class Account:
-    """A state object whose pickled snapshot is about 100 bytes."""
-
-    __slots__ = ("state",)
-
-    def __init__(self, resume_state):
-        self.state = resume_state
-
-    def snapshot(self):
-        return self.state
+# The same ~100-byte state as the snapshot benchmark (run as a script, this
+# directory is on sys.path).
+from snapshot_write import FLOW, LABEL, STEP, Account  # noqa: E402
 
 
 def pct(values: list[float], q: float) -> float:

@@ -61,24 +61,14 @@ static PyObject *store_open(PyObject *self, PyObject *args) {
     long long execution, resume;
     if (!PyArg_ParseTuple(args, "ssiiiLL", &dir, &flow, &wi, &wc, &kg, &execution, &resume)) return NULL;
     uintptr_t h = 0;
-    int kind = 0;
-    char *msg = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    kind = mp_store_open((char *)dir, (char *)flow, wi, wc, kg, execution, resume, &h, &kind, &msg);
-    Py_END_ALLOW_THREADS
-    if (kind) return mp_raise(kind, msg);
+    CALL_GO(mp_store_open((char *)dir, (char *)flow, wi, wc, kg, execution, resume, &h, &kind, &msg));
     return PyLong_FromUnsignedLongLong(h);
 }
 
 static PyObject *store_close(PyObject *self, PyObject *args) {
     unsigned long long h;
     if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    int kind = 0;
-    char *msg = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    kind = mp_store_close(h, &kind, &msg);
-    Py_END_ALLOW_THREADS
-    if (kind) return mp_raise(kind, msg);
+    CALL_GO(mp_store_close(h, &kind, &msg));
     Py_RETURN_NONE;
 }
 
@@ -205,13 +195,9 @@ static PyObject *store_get(PyObject *self, PyObject *args) {
 static PyObject *store_steps(PyObject *self, PyObject *args) {
     unsigned long long h;
     if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    char *out = NULL, *msg = NULL;
+    char *out = NULL;
     size_t len = 0;
-    int kind = 0;
-    Py_BEGIN_ALLOW_THREADS
-    kind = mp_store_steps(h, &out, &len, &kind, &msg);
-    Py_END_ALLOW_THREADS
-    if (kind) return mp_raise(kind, msg);
+    CALL_GO(mp_store_steps(h, &out, &len, &kind, &msg));
     PyObject *list = PyList_New(0);
     if (list == NULL) {
         free(out);
@@ -238,12 +224,7 @@ static PyObject *store_meta(PyObject *self, PyObject *args) {
     unsigned long long h;
     if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
     long long v[9] = {0};
-    int kind = 0;
-    char *msg = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    kind = mp_store_meta(h, v, &kind, &msg);
-    Py_END_ALLOW_THREADS
-    if (kind) return mp_raise(kind, msg);
+    CALL_GO(mp_store_meta(h, v, &kind, &msg));
     return Py_BuildValue("{sLsLsLsLsLsLsLsLsL}", "worker_index", v[0], "worker_count", v[1],
                          "key_group_count", v[2], "execution", v[3], "last_epoch", v[4], "gc_epoch", v[5],
                          "rows", v[6], "deletions", v[7], "value_bytes", v[8]);
@@ -256,12 +237,7 @@ static PyObject *call_epoch_op(PyObject *args, epoch_op op) {
     long long epoch;
     if (!PyArg_ParseTuple(args, "KL", &h, &epoch)) return NULL;
     long long n = 0;
-    int kind = 0;
-    char *msg = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    kind = op(h, epoch, &n, &kind, &msg);
-    Py_END_ALLOW_THREADS
-    if (kind) return mp_raise(kind, msg);
+    CALL_GO(op(h, epoch, &n, &kind, &msg));
     return PyLong_FromLongLong(n);
 }
 
@@ -279,12 +255,7 @@ static PyObject *scan_open(PyObject *self, PyObject *args) {
     int chunk;
     if (!PyArg_ParseTuple(args, "Ksi", &h, &step, &chunk)) return NULL;
     uintptr_t out = 0;
-    int kind = 0;
-    char *msg = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    kind = mp_scan_open(h, (char *)step, chunk, &out, &kind, &msg);
-    Py_END_ALLOW_THREADS
-    if (kind) return mp_raise(kind, msg);
+    CALL_GO(mp_scan_open(h, (char *)step, chunk, &out, &kind, &msg));
     return PyLong_FromUnsignedLongLong(out);
 }
 
@@ -400,13 +371,9 @@ static PyObject *scan_hydrate(PyObject *self, PyObject *args) {
     unsigned long long h;
     PyObject *live, *skip, *builder, *loads;
     if (!PyArg_ParseTuple(args, "KO!O!OO", &h, &PyDict_Type, &live, &PySet_Type, &skip, &builder, &loads)) return NULL;
-    char *out = NULL, *msg = NULL;
+    char *out = NULL;
     size_t len = 0;
-    int kind = 0;
-    Py_BEGIN_ALLOW_THREADS
-    kind = mp_scan_next(h, &out, &len, &kind, &msg);
-    Py_END_ALLOW_THREADS
-    if (kind) return mp_raise(kind, msg);
+    CALL_GO(mp_scan_next(h, &out, &len, &kind, &msg));
     if (out == NULL) Py_RETURN_NONE;
     Py_ssize_t built = hydrate_page(out, len, live, skip, builder, loads);
     free(out);
@@ -417,13 +384,9 @@ static PyObject *scan_hydrate(PyObject *self, PyObject *args) {
 static PyObject *scan_next(PyObject *self, PyObject *args) {
     unsigned long long h;
     if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    char *out = NULL, *msg = NULL;
+    char *out = NULL;
     size_t len = 0;
-    int kind = 0;
-    Py_BEGIN_ALLOW_THREADS
-    kind = mp_scan_next(h, &out, &len, &kind, &msg);
-    Py_END_ALLOW_THREADS
-    if (kind) return mp_raise(kind, msg);
+    CALL_GO(mp_scan_next(h, &out, &len, &kind, &msg));
     if (out == NULL) Py_RETURN_NONE;
     PyObject *list = mp_unpack_kv(out, len);
     free(out);

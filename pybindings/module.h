@@ -9,6 +9,17 @@
 extern PyObject *mp_CoreError;
 
 PyObject *mp_raise(int kind, char *msg);
+
+// CALL_GO runs a call into Go with the GIL released and returns the Go
+// error as a Python exception. It declares kind and msg, which the call
+// passes to the Go function as its error outputs.
+#define CALL_GO(expr)           \
+    int kind = 0;               \
+    char *msg = NULL;           \
+    Py_BEGIN_ALLOW_THREADS      \
+    kind = (expr);              \
+    Py_END_ALLOW_THREADS        \
+    if (kind) return mp_raise(kind, msg);
 const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out);
 char *mp_pack_rows(PyObject *rows, size_t *out_len);
 PyObject *mp_unpack_kv(const char *buf, size_t len);

@@ -7,14 +7,6 @@
 #include "_cgo_export.h"
 #include "module.h"
 
-#define CALL_GO(expr)           \
-    int kind = 0;               \
-    char *msg = NULL;           \
-    Py_BEGIN_ALLOW_THREADS      \
-    kind = (expr);              \
-    Py_END_ALLOW_THREADS        \
-    if (kind) return mp_raise(kind, msg);
-
 // Returns a Python str from a Go-allocated C string and frees it.
 static PyObject *take_str(char *s) {
     PyObject *o = PyUnicode_FromString(s ? s : "");
