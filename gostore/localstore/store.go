@@ -562,7 +562,7 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.file.Reclaim(ctx); err != nil {
+	if _, err := s.file.Reclaim(ctx, false); err != nil {
 		return n, err
 	}
 	s.maybeCheckpoint()
@@ -594,6 +594,8 @@ func (s *Store) Close() error {
 	if s.file == nil {
 		return nil
 	}
+	// Best effort: a store that keeps free pages is still correct.
+	s.file.Reclaim(context.Background(), true)
 	err := s.file.Close()
 	s.file = nil
 	if lerr := s.lock.release(); err == nil {

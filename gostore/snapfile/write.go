@@ -362,9 +362,11 @@ const reclaimFraction = 8
 // Reclaim gives the disk back the pages GC and folding freed, once they are
 // more than 1/8 of the file: SQLite keeps freed pages for reuse, so a
 // store that once held more versions than now would otherwise keep their
-// size for good. It returns how many pages went. Files created before
-// incremental auto-vacuum was turned on keep their pages.
-func (f *File) Reclaim(ctx context.Context) (int64, error) {
+// size for good. With all, every free page goes, whatever their share
+// (closing a store: what it leaves on disk is its data). It returns how
+// many pages went. Files created before incremental auto-vacuum was turned
+// on keep their pages.
+func (f *File) Reclaim(ctx context.Context, all bool) (int64, error) {
 	if f.opts.Segment {
 		return 0, nil
 	}
@@ -375,7 +377,7 @@ func (f *File) Reclaim(ctx context.Context) (int64, error) {
 	if err := f.db.QueryRowContext(ctx, `PRAGMA freelist_count`).Scan(&free); err != nil {
 		return 0, fmt.Errorf("reclaim %s: %w", f.path, err)
 	}
-	if free == 0 || free*reclaimFraction < pages {
+	if free == 0 || (!all && free*reclaimFraction < pages) {
 		return 0, nil
 	}
 	// incremental_vacuum returns no row per page; run it to the end.
