@@ -149,8 +149,9 @@ PyObject *mp_run_close_epoch_py(PyObject *self, PyObject *args) {
     unsigned long long h;
     int w;
     long long epoch;
-    if (!PyArg_ParseTuple(args, "KiL", &h, &w, &epoch)) return NULL;
-    CALL_GO(mp_run_close_epoch(h, w, epoch, &kind, &msg));
+    int last = 0;
+    if (!PyArg_ParseTuple(args, "KiL|p", &h, &w, &epoch, &last)) return NULL;
+    CALL_GO(mp_run_close_epoch(h, w, epoch, last, &kind, &msg));
     Py_RETURN_NONE;
 }
 

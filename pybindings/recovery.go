@@ -126,10 +126,13 @@ func mp_run_write(h C.uintptr_t, w C.int, epoch C.longlong, buf *C.char, n C.siz
 }
 
 //export mp_run_close_epoch
-func mp_run_close_epoch(h C.uintptr_t, w C.int, epoch C.longlong, errKind *C.int, errMsg **C.char) C.int {
+func mp_run_close_epoch(h C.uintptr_t, w C.int, epoch C.longlong, last C.int, errKind *C.int, errMsg **C.char) C.int {
 	run, err := lookup[*durable.Run](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
+	}
+	if last != 0 {
+		return setErr(withKind(kindRecovery, run.CloseLastEpoch(int(w), int64(epoch))), errKind, errMsg)
 	}
 	return setErr(withKind(kindRecovery, run.CloseEpoch(int(w), int64(epoch))), errKind, errMsg)
 }

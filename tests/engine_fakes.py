@@ -26,6 +26,8 @@ class FakeDurable:
         # (step, key) -> list of (epoch, pickled state or None for deletion)
         self.rows: Dict[Tuple[str, str], List[Tuple[int, Optional[bytes]]]] = {}
         self.events: List[Tuple[Any, ...]] = []
+        #: (worker, epoch, last) of every close_epoch call, in order.
+        self.closes: List[Tuple[int, int, bool]] = []
 
     def state_at(self, epoch: int) -> Dict[Tuple[str, str], Any]:
         out = {}
@@ -118,8 +120,9 @@ class FakeRun:
     def activation_done(self, worker_index: int, epoch: int) -> None:
         pass
 
-    def close_epoch(self, worker_index: int, epoch: int) -> None:
+    def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
         self.durable.events.append(("close", worker_index, epoch))
+        self.durable.closes.append((worker_index, epoch, last))
         rows = self.stores[worker_index].snapshot(epoch)
         closed = self.pending.setdefault(epoch, {})
         closed[worker_index] = rows

@@ -260,3 +260,21 @@ def test_unpicklable_state_is_a_dataflow_error_naming_the_step():
     with pytest.raises(DataflowError, match="u.sm.stateful_batch") as ei:
         run_main(flow, recovery_config=durable)
     assert ei.value.__cause__ is not None
+
+
+def test_only_the_final_epoch_is_closed_as_the_last():
+    # The recovery layer lets the last epoch skip the wait for compaction
+    # (the run ends right after it): only the epoch in which every input
+    # ended may say so, on every worker.
+    items = [("a", 1), ("b", 2), ("a", 3), ("c", 4)]
+    durable = FakeDurable()
+    flow = _sum_flow(items, [])
+    cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=durable, worker_count_per_proc=2)
+    last_epoch = max(e for _, e, _ in durable.closes)
+    assert last_epoch > 1
+    assert [(w, e) for w, e, last in durable.closes if last] == [(0, last_epoch), (1, last_epoch)]
+    assert all(not last for _, e, last in durable.closes if e < last_epoch)
+
+    durable = FakeDurable()
+    run_main(_sum_flow([("a", 1), ABORT(), ("a", 2)], []), epoch_interval=ZERO, recovery_config=durable)
+    assert durable.closes and not any(last for *_, last in durable.closes), "an aborted run has no last epoch"

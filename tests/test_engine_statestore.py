@@ -39,7 +39,7 @@ class LocalRun:
     def activation_done(self, w: int, epoch: int) -> None:
         pass
 
-    def close_epoch(self, w: int, epoch: int) -> None:
+    def close_epoch(self, w: int, epoch: int, last: bool = False) -> None:
         self.stores[w].snapshot(epoch)
         self.closed.setdefault(epoch, set()).add(w)
         if len(self.closed[epoch]) == self.worker_count:

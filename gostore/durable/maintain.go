@@ -26,6 +26,9 @@ type compaction struct {
 func (r *Run) runMaintenance() {
 	defer r.wg.Done()
 	for range r.maint {
+		if r.maintCtx.Err() != nil {
+			continue // the run is finishing: drain the wake-ups
+		}
 		// The newest commit, not the one that woke us: a wake-up dropped
 		// while a round ran must not leave maintenance an epoch behind.
 		r.maintain(r.maintCtx, r.Committed())
@@ -80,8 +83,12 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 	}
 	// Compaction is not paced: it is what keeps the durable footprint
 	// within its bound, so it runs whenever it is due.
-	if r.compactionDue() {
+	if ctx.Err() == nil && r.compactionDue() {
 		start := time.Now()
+		// The newest commit: the round started a while ago, and
+		// compacting at an epoch already compacted would write over an
+		// object that a commit record names (compact refuses that).
+		committed = r.Committed()
 		err := r.compact(ctx, committed)
 		r.addSeconds(&r.metrics.CompactionSeconds, start)
 		if err != nil && ctx.Err() == nil {
@@ -131,14 +138,12 @@ func (r *Run) maintenanceBehindLocked() bool {
 	return float64(r.segmentBytes) > 1.5*r.cfg.CompactRatio*float64(floor)+float64(r.cfg.CompactMinBytes)
 }
 
-// finalMaintenance compacts if due (whatever the pacing) and collects
-// durable garbage, at the end of a run.
-func (r *Run) finalMaintenance(ctx context.Context, committed int64) {
-	if r.compactionDue() {
-		if err := r.compact(ctx, committed); err != nil {
-			r.cfg.Logger.Warn("durable compaction failed; the next run retries", "epoch", committed, "err", err)
-		}
-	}
+// finalMaintenance collects durable garbage at the end of a run. It does
+// not compact: the segments left are within the bound the run kept while
+// it was going (CloseEpoch held the flow back for that), and compacting
+// them only to exit made every run end with a full rewrite of its state.
+// The next run compacts after its first commit, when it is due.
+func (r *Run) finalMaintenance(ctx context.Context) {
 	if err := r.collectGarbage(ctx); err != nil {
 		r.cfg.Logger.Warn("durable gc failed; the next run retries", "err", err)
 	}
@@ -149,6 +154,18 @@ func (r *Run) compactionDue() bool {
 	defer r.commitMu.Unlock()
 	seg, comp := objectBytes(r.record.Objects)
 	return seg >= r.cfg.CompactMinBytes && float64(seg) > r.cfg.CompactRatio*float64(comp)
+}
+
+// compactedThrough is the newest epoch a compacted object among objs
+// stands for (0 if none).
+func compactedThrough(objs []ObjectRef) int64 {
+	var e int64
+	for _, o := range objs {
+		if o.Kind == KindCompacted {
+			e = max(e, o.LastEpoch)
+		}
+	}
+	return e
 }
 
 // objectBytes sums the sizes of segments and of compacted objects.
@@ -170,6 +187,16 @@ func objectBytes(objs []ObjectRef) (seg, comp int64) {
 // written the old record stands, so a crash at any point leaves correct,
 // readable state.
 func (r *Run) compact(ctx context.Context, c int64) error {
+	// Object keys are named by epoch and execution: a second compaction
+	// at the same epoch would replace the objects the first one's record
+	// names, and a crash before its own record would leave that record
+	// naming objects whose checksums no longer match.
+	r.commitMu.Lock()
+	through := compactedThrough(r.record.Objects)
+	r.commitMu.Unlock()
+	if c <= through {
+		return nil
+	}
 	var objs []ObjectRef
 	for w, s := range r.stores {
 		dir := filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "compact")
@@ -230,6 +257,10 @@ func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir
 	var rows int64
 	var cur snapfile.Cursor
 	for {
+		if err := ctx.Err(); err != nil {
+			f.Close()
+			return ObjectRef{}, err
+		}
 		page, next, done, err := s.ScanPageFlushed(ctx, snapfile.ScanOptions{Before: c + 1, ChunkRows: 8192}, cur)
 		if err != nil {
 			f.Close()

@@ -501,8 +501,21 @@ func copyRows(rows []rowbatch.Row) []rowbatch.Row {
 // CloseEpoch marks that worker w finished epoch (its snapshot is written).
 // When every worker closed it and its segments are uploaded, it commits.
 // CloseEpoch waits while more than MaxEpochsInFlight epochs are closed but
-// not committed, and returns the pipeline's error if it failed.
+// not committed, or while compaction or local GC is too far behind, and
+// returns the pipeline's error if it failed.
 func (r *Run) CloseEpoch(w int, epoch int64) error {
+	return r.closeEpoch(w, epoch, false)
+}
+
+// CloseLastEpoch is CloseEpoch for the last epoch of the run (its input
+// ended; Finish comes next). It does not wait for maintenance to catch up:
+// those waits bound the growth of a run that goes on, and Finish waits for
+// the commit itself.
+func (r *Run) CloseLastEpoch(w int, epoch int64) error {
+	return r.closeEpoch(w, epoch, true)
+}
+
+func (r *Run) closeEpoch(w int, epoch int64, last bool) error {
 	if r.pipes == nil {
 		return errNotRunning
 	}
@@ -527,7 +540,7 @@ func (r *Run) CloseEpoch(w int, epoch int64) error {
 	start := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for r.err == nil && !r.stopped && (epoch-r.committed > int64(r.cfg.MaxEpochsInFlight) || r.maintenanceBehindLocked()) {
+	for !last && r.err == nil && !r.stopped && (epoch-r.committed > int64(r.cfg.MaxEpochsInFlight) || r.maintenanceBehindLocked()) {
 		// Maintenance runs after commits; when the debt is older than the
 		// last one (inherited from a previous run), wake it ourselves, or
 		// the wait would need a commit that this very wait holds back.
@@ -682,7 +695,9 @@ func (r *Run) Finish(aborted bool) error {
 	close(r.uploads)
 	r.uploadWG.Wait() // an upload's tryCommit may still send to maint
 	// A maintenance round still running is stopped (it is safe to stop at
-	// any point); finalMaintenance below does what is still due.
+	// any point, and local GC and compaction check for it as they go):
+	// waiting for it would hold the end of the run for work the next run
+	// does anyway.
 	r.maintCancel()
 	close(r.maint)
 	r.wg.Wait()
@@ -695,10 +710,9 @@ func (r *Run) Finish(aborted bool) error {
 		}
 	}
 	if err == nil {
-		// Leave the durable store compact and collected for the next run
-		// (its full resume reads less); the local store's GC is left to
-		// the next run's fast resume, which does it before it reads.
-		r.finalMaintenance(context.Background(), r.Committed())
+		// The local store's GC is left to the next run's fast resume,
+		// which does it before it reads.
+		r.finalMaintenance(context.Background())
 	}
 	return err
 }

@@ -557,6 +557,9 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 	if s.file == nil {
 		return 0, errClosed
 	}
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("gc %s: %w", s.file.Path(), err)
+	}
 	m := s.file.Meta()
 	n, err := s.file.GC(ctx, m.GCEpoch, committed)
 	if err != nil {

@@ -1,6 +1,7 @@
 package snapfile
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"unsafe"
@@ -302,8 +303,9 @@ func (b *bulkConn) fold() (moved int64, err error) {
 // at or before committed among the keys written in (since, committed],
 // and the deletion records written then. Keys come from the epoch index;
 // each key's older versions go in one range delete, in key order, so the
-// B-tree is walked once.
-func (b *bulkConn) gc(since, committed int64) (removed int64, err error) {
+// B-tree is walked once. A cancelled ctx rolls the round back (checked
+// every gcCheckEvery keys), so the end of a run does not wait for it.
+func (b *bulkConn) gc(ctx context.Context, since, committed int64) (removed int64, err error) {
 	if err := b.exec("BEGIN IMMEDIATE"); err != nil {
 		return 0, err
 	}
@@ -320,7 +322,12 @@ func (b *bulkConn) gc(since, committed int64) (removed int64, err error) {
 	if err != nil {
 		return 0, err
 	}
-	for i := 0; i < len(keys); {
+	for i, done := 0, 0; i < len(keys); done++ {
+		if done%gcCheckEvery == 0 {
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+		}
 		// A key's rows are adjacent, oldest first: the last is the newest
 		// written at or before committed, and every older version goes.
 		j := i + 1
@@ -341,6 +348,9 @@ func (b *bulkConn) gc(since, committed int64) (removed int64, err error) {
 	removed += sqlite3.Xsqlite3_changes64(b.tls, b.db)
 	return removed, b.exec("COMMIT")
 }
+
+// gcCheckEvery is how many keys GC collects between checks of its context.
+const gcCheckEvery = 1024
 
 // writtenKeys lists (step, key, epoch) of the rows written in (since,
 // committed], sorted by step, key and epoch.

@@ -339,3 +339,55 @@ func TestEpochIndexIsBuiltAfterTheFirstWrite(t *testing.T) {
 	assert.False(t, h.IndexPending())
 	assert.Empty(t, scanAll(t, h, ScanOptions{}))
 }
+
+// countingCtx counts the calls of Err and, once limit of them were
+// answered, reports the context as cancelled.
+type countingCtx struct {
+	context.Context
+	calls, limit int
+}
+
+func (c *countingCtx) Err() error {
+	c.calls++
+	if c.limit > 0 && c.calls > c.limit {
+		return context.Canceled
+	}
+	return nil
+}
+
+// A GC cancelled while it goes through the keys stops there and rolls its
+// round back: the end of a run does not wait for it, and the next round
+// collects everything.
+func TestGCStopsWhenCancelledAndRollsBack(t *testing.T) {
+	fill := func() *File {
+		f := newFile(t)
+		for e := int64(1); e <= 2; e++ {
+			rows := make([]rowbatch.Row, 5000)
+			for i := range rows {
+				rows[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%05d", i), Epoch: e, Value: []byte("v")}
+			}
+			_, err := f.Write(context.Background(), rows)
+			require.NoError(t, err)
+		}
+		return f
+	}
+	// The last check of an uncancelled GC is in its loop over the keys
+	// (5000 keys are checked every gcCheckEvery): cancelling there stops it
+	// half-way.
+	probe := &countingCtx{Context: context.Background()}
+	removed, err := fill().GC(probe, 0, 2)
+	require.NoError(t, err)
+	require.Equal(t, int64(5000), removed)
+	require.Greater(t, probe.calls, 5000/gcCheckEvery, "GC checks its context as it goes")
+
+	f := fill()
+	_, err = f.GC(&countingCtx{Context: context.Background(), limit: probe.calls - 1}, 0, 2)
+	require.ErrorIs(t, err, context.Canceled)
+	st, err := f.Stats(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, int64(10000), st.Rows, "the cancelled round removed nothing")
+	removed, err = f.GC(context.Background(), 0, 2)
+	require.NoError(t, err)
+	assert.Equal(t, int64(5000), removed, "the next round collects it all")
+	assert.Len(t, scanAll(t, f, ScanOptions{}), 5000)
+}

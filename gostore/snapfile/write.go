@@ -348,7 +348,10 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
 	}
-	n, err := b.gc(since, committed)
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("gc %s: %w", f.path, err)
+	}
+	n, err := b.gc(ctx, since, committed)
 	if err != nil {
 		return 0, fmt.Errorf("gc: %w", err)
 	}

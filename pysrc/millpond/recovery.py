@@ -242,12 +242,15 @@ class RecoveryRun:
         if self._immediate:
             self._stores[worker_index].snapshot(epoch)
 
-    def close_epoch(self, worker_index: int, epoch: int) -> None:
+    def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
         """Snapshot the worker's touched state at ``epoch`` and hand the epoch to
-        the commit pipeline; waits when too many epochs are still uploading."""
+        the commit pipeline; waits when too many epochs are still uploading or
+        compaction is behind. ``last`` marks the final epoch of the run
+        (:meth:`finish` comes next): it does not wait for compaction, which
+        only bounds the growth of a run that goes on."""
         self._stores[worker_index].snapshot(epoch)
         try:
-            core().run_close_epoch(self._require(), worker_index, epoch)
+            core().run_close_epoch(self._require(), worker_index, epoch, last)
         except core().CoreError as exc:
             raise_core_error(exc)
         if logger.isEnabledFor(logging.DEBUG):

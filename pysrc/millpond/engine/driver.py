@@ -189,10 +189,11 @@ def _epoch_loop(
                     for worker in workers:
                         worker.upstream_eof(step.index, now)
                     _drain(workers, exchange, now)
+        last = done_inputs == all_inputs
         for worker in workers:
-            worker.close_epoch(epoch)
+            worker.close_epoch(epoch, last)
         logger.debug("flow %r: closed epoch %d", plan.flow_id, epoch)
-        if done_inputs == all_inputs:
+        if last:
             return epoch
         epoch += 1
 

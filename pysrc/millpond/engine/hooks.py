@@ -24,8 +24,10 @@ class RecoveryRun(Protocol):
     def activation_done(self, worker_index: int, epoch: int) -> None:
         """After an activation of stateful work (immediate snapshot mode)."""
 
-    def close_epoch(self, worker_index: int, epoch: int) -> None:
-        """After the worker finished ``epoch`` and wrote its outputs."""
+    def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
+        """After the worker finished ``epoch`` and wrote its outputs.
+
+        ``last`` marks the run's final epoch (every input ended)."""
 
     def finish(self, aborted: bool) -> None:
         """At the end of the run: wait for commits, stop background work."""
@@ -56,7 +58,7 @@ class EphemeralRun:
     def activation_done(self, worker_index: int, epoch: int) -> None:
         pass
 
-    def close_epoch(self, worker_index: int, epoch: int) -> None:
+    def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
         self._stores[worker_index].snapshot(epoch)
 
     def finish(self, aborted: bool) -> None:

@@ -153,12 +153,13 @@ class Worker:
         self.runtimes[step].on_upstream_eof(now)
         self._activation_done()
 
-    def close_epoch(self, epoch: int) -> None:
-        """Record partition positions and hand the epoch to recovery."""
+    def close_epoch(self, epoch: int, last: bool = False) -> None:
+        """Record partition positions and hand the epoch to recovery
+        (``last``: every input ended, the run finishes after it)."""
         for rt in self.runtimes:
             rt.before_snapshot()
         try:
-            self.run.close_epoch(self.index, epoch)
+            self.run.close_epoch(self.index, epoch, last)
         except SnapshotError as ex:
             # A state object's snapshot() failed or was not picklable: that
             # is user code, so it surfaces like any other user error.

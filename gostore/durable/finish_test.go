@@ -1,0 +1,115 @@
+package durable_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/backup"
+	"github.com/millpond/millpond/gostore/durable"
+)
+
+// compactionBlocker holds every upload of a compacted object until gate
+// closes or the upload's context ends.
+type compactionBlocker struct {
+	backup.Backup
+	gate    chan struct{}
+	waiting atomic.Int32
+}
+
+func (b *compactionBlocker) Upload(ctx context.Context, path, key string) error {
+	if strings.Contains(key, "/compacted/") {
+		b.waiting.Add(1)
+		select {
+		case <-b.gate:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return b.Backup.Upload(ctx, path, key)
+}
+
+// within runs f in the background and fails the test if it has not
+// returned after waitFor.
+func within(t *testing.T, what string, f func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err, what)
+	case <-time.After(waitFor):
+		t.Fatalf("%s waited for a compaction that cannot finish", what)
+	}
+}
+
+// The run's last epoch closes without waiting for maintenance, and Finish
+// neither waits for a compaction in flight nor starts one: the run ends as
+// soon as its last epoch is committed, and its state restores completely
+// from the segments left.
+func TestRunEndsWithoutWaitingForCompaction(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	bb := &compactionBlocker{Backup: h.bk, gate: make(chan struct{})}
+	defer func() {
+		select {
+		case <-bb.gate:
+		default:
+			close(bb.gate)
+		}
+	}()
+	run, _ := h.open(h.config(1, func(c *durable.Config) { c.Backup = bb; c.CompactMinBytes = 1 }))
+	g := updatesGen(300, 1, false) // every key in every epoch: compaction is due after each commit
+	require.NoError(t, h.epoch(run, 1, 1, g(1)))
+	require.Eventually(t, func() bool { return bb.waiting.Load() > 0 }, waitFor, tick, "the compaction after epoch 1 starts")
+
+	rows := g(2)
+	_, err := run.Write(ctx, 0, 2, rows)
+	require.NoError(t, err)
+	within(t, "CloseLastEpoch", func() error { return run.CloseLastEpoch(0, 2) })
+	h.m.apply(rows)
+	within(t, "Finish", func() error { return run.Finish(false) })
+	assert.Equal(t, int64(2), run.Committed())
+	assert.Zero(t, run.Metrics().Compactions)
+	require.NoError(t, run.Close())
+	assert.Empty(t, list(t, h.bk, "compacted/"), "no compaction finished")
+
+	h.wipeLocal()
+	run, infos := h.open(h.config(1))
+	assert.Equal(t, []string{durable.ResumeFull}, kinds(infos))
+	assert.Equal(t, int64(3), run.ResumeEpoch())
+	requireModel(t, h.m, stateOf(t, run, 1, h.kgc))
+}
+
+// Before the last epoch, a close does wait while compaction is behind
+// (the bound on the durable footprint of a run that goes on).
+func TestCloseEpochWaitsForCompactionThatIsBehind(t *testing.T) {
+	h := newHarness(t)
+	bb := &compactionBlocker{Backup: h.bk, gate: make(chan struct{})}
+	run, _ := h.open(h.config(1, func(c *durable.Config) { c.Backup = bb; c.CompactMinBytes = 1 }))
+	g := updatesGen(300, 1, false)
+	require.NoError(t, h.epoch(run, 1, 1, g(1)))
+	require.Eventually(t, func() bool { return bb.waiting.Load() > 0 }, waitFor, tick)
+	closed := make(chan error, 1)
+	go func() { closed <- h.epoch(run, 1, 2, g(2)) }()
+	select {
+	case err := <-closed:
+		t.Fatalf("epoch 2 closed (err %v) while the compaction it must wait for was blocked", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(bb.gate)
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(waitFor):
+		t.Fatal("epoch 2 never closed after the compaction went through")
+	}
+	require.NoError(t, run.Finish(false))
+	assert.Positive(t, run.Metrics().Compactions)
+	assert.Positive(t, run.Metrics().BackpressureSeconds)
+}
