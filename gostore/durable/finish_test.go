@@ -2,6 +2,8 @@ package durable_test
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/millpond/millpond/gostore/backup"
 	"github.com/millpond/millpond/gostore/durable"
+	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
 // compactionBlocker holds every upload of a compacted object until gate
@@ -112,4 +115,39 @@ func TestCloseEpochWaitsForCompactionThatIsBehind(t *testing.T) {
 	require.NoError(t, run.Finish(false))
 	assert.Positive(t, run.Metrics().Compactions)
 	assert.Positive(t, run.Metrics().BackpressureSeconds)
+}
+
+// A local store's background checkpoint (fsyncs of its WAL and file) waits
+// while an epoch is closed but not committed, so it does not compete with
+// the segment's own fsyncs; it runs once the epoch commits.
+func TestLocalCheckpointsWaitForTheCommit(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	bb := &blockingBackup{Backup: h.bk, gate: make(chan struct{})}
+	run, _ := h.open(h.config(1, func(c *durable.Config) { c.Backup = bb }))
+	rows := make([]rowbatch.Row, 4000)
+	for i := range rows {
+		rows[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%06d", i), Value: make([]byte, 300)}
+	}
+	_, err := run.Write(ctx, 0, 1, rows)
+	require.NoError(t, err)
+	require.NoError(t, run.CloseEpoch(0, 1))
+	h.m.apply(rows)
+	wal := run.Store(0).Path() + "-wal"
+	walBytes := func() int64 {
+		st, err := os.Stat(wal)
+		if err != nil {
+			return 0
+		}
+		return st.Size()
+	}
+	require.Eventually(t, func() bool { return bb.waiting.Load() > 0 }, waitFor, tick)
+	require.NoError(t, run.Store(0).Flush())
+	time.Sleep(100 * time.Millisecond)
+	assert.Positive(t, walBytes(), "the local write is done and its checkpoint due, but the epoch is not committed")
+	close(bb.gate)
+	require.Eventually(t, func() bool { return run.Committed() == 1 && walBytes() == 0 }, waitFor, tick,
+		"once the epoch commits, the checkpoint runs")
+	require.NoError(t, run.Finish(false))
+	requireModel(t, h.m, stateOf(t, run, 1, h.kgc))
 }

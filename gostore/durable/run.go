@@ -252,6 +252,9 @@ func (r *Run) Start() error {
 		r.gcEpoch = min(r.gcEpoch, s.Meta().GCEpoch)
 	}
 	r.mu.Unlock()
+	for _, s := range r.stores {
+		s.SetCheckpointGate(r.waitCommitsIdle)
+	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.maintCtx, r.maintCancel = context.WithCancel(r.ctx)
 	r.uploads = make(chan uploadJob, 64)
@@ -810,4 +813,37 @@ func Percentile(xs []float64, p float64) float64 {
 	sort.Float64s(s)
 	i := int(float64(len(s)-1) * p / 100)
 	return s[i]
+}
+
+// maxCheckpointHold bounds how long waitCommitsIdle holds a local store's
+// checkpoint back.
+const maxCheckpointHold = time.Second
+
+// waitCommitsIdle returns once no closed epoch is waiting for its commit,
+// or after maxCheckpointHold. Local stores call it before a background
+// checkpoint: the checkpoint's fsyncs, running while a segment was sealed
+// and linked into a DirBackup, made the segment's own fsyncs wait behind
+// them.
+func (r *Run) waitCommitsIdle() {
+	deadline := time.Now().Add(maxCheckpointHold)
+	for {
+		r.mu.Lock()
+		busy := r.err == nil && !r.stopped && r.commitPendingLocked()
+		r.mu.Unlock()
+		if !busy || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// commitPendingLocked reports whether some worker closed an epoch that is
+// not committed yet. r.mu is held.
+func (r *Run) commitPendingLocked() bool {
+	for _, es := range r.epochs {
+		if es.closeSet {
+			return true
+		}
+	}
+	return false
 }

@@ -100,6 +100,9 @@ type Store struct {
 	kick     chan struct{}
 	quit     chan struct{}
 	ckptDone chan struct{}
+	// ckptGate, when set, is called before a background checkpoint
+	// (SetCheckpointGate).
+	ckptGate atomic.Pointer[func()]
 
 	// writeNanos is the time spent in writes, for metrics.
 	writeNanos atomic.Int64
@@ -262,6 +265,9 @@ func (s *Store) runCheckpoints() {
 			if !due {
 				continue
 			}
+			if gate := s.ckptGate.Load(); gate != nil {
+				(*gate)()
+			}
 			// The long copy runs beside writers; only the short truncation
 			// at the end takes the store's lock. A failed checkpoint only
 			// leaves the WAL longer.
@@ -273,6 +279,20 @@ func (s *Store) runCheckpoints() {
 			s.mu.Unlock()
 		}
 	}
+}
+
+// SetCheckpointGate makes the background checkpointer call wait before
+// it checkpoints (a checkpoint fsyncs the WAL and the file). The recovery
+// run uses it to hold checkpoints back while an epoch's segments are being
+// made durable, so the two do not queue behind each other on the disk.
+// wait should return within a bounded time; a writer whose WAL grows past
+// twice the checkpoint threshold meanwhile checkpoints inline, gate or not.
+func (s *Store) SetCheckpointGate(wait func()) {
+	if wait == nil {
+		s.ckptGate.Store(nil)
+		return
+	}
+	s.ckptGate.Store(&wait)
 }
 
 // foldRows is how many rows may wait in a store's recent table before the

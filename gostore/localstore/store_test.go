@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -328,4 +329,37 @@ func TestWriteAsyncErrorSurfacesOnNextCall(t *testing.T) {
 	err = s.Flush()
 	require.ErrorContains(t, err, "never go back")
 	require.Error(t, s.WriteAsync(6, nil))
+}
+
+// A background checkpoint waits for the gate the owner set (the recovery
+// run holds checkpoints while an epoch's segments are being made durable).
+func TestCheckpointWaitsForItsGate(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	release := make(chan struct{})
+	var calls atomic.Int32
+	s.SetCheckpointGate(func() {
+		calls.Add(1)
+		<-release
+	})
+	walBytes := func() int64 {
+		st, err := os.Stat(s.Path() + "-wal")
+		if err != nil {
+			return 0
+		}
+		return st.Size()
+	}
+	rows := make([]rowbatch.Row, 4000)
+	for i := range rows {
+		rows[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%06d", i), Value: make([]byte, 300)}
+	}
+	_, err = s.Write(ctx, 1, rows)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return calls.Load() > 0 }, 10*time.Second, time.Millisecond, "a checkpoint is due and asks the gate")
+	time.Sleep(50 * time.Millisecond)
+	assert.Positive(t, walBytes(), "no checkpoint while the gate holds it")
+	close(release)
+	require.Eventually(t, func() bool { return walBytes() == 0 }, 10*time.Second, time.Millisecond, "the checkpoint runs once the gate opens")
 }
