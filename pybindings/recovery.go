@@ -15,6 +15,7 @@ import (
 
 	"github.com/millpond/millpond/gostore/durable"
 	"github.com/millpond/millpond/gostore/localstore"
+	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
 // storeRef is a handle to a store a run owns: closing the handle does not
@@ -113,11 +114,18 @@ func mp_run_write(h C.uintptr_t, w C.int, epoch C.longlong, buf *C.char, n C.siz
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	rows, err := decodeBatch(buf, n, epoch)
+	// One copy of the whole buffer, which the decoded rows then alias, is
+	// cheaper than decoding the caller's buffer and copying row by row.
+	var own []byte
+	if n > 0 {
+		own = make([]byte, int(n))
+		copy(own, unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n)))
+	}
+	rows, err := rowbatch.Decode(own, int64(epoch))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	count, err := run.Write(context.Background(), int(w), int64(epoch), rows)
+	count, err := run.WriteOwned(context.Background(), int(w), int64(epoch), rows)
 	if err != nil {
 		return setErr(withKind(kindRecovery, err), errKind, errMsg)
 	}

@@ -447,7 +447,19 @@ func (r *Run) Write(ctx context.Context, w int, epoch int64, rows []rowbatch.Row
 	}
 	// The rows alias the caller's buffer; the local writer and the pipe
 	// outlive it, and share one copy (neither changes it).
-	batch := copyRows(rows)
+	return r.WriteOwned(ctx, w, epoch, copyRows(rows))
+}
+
+// WriteOwned is Write for rows the caller hands over: they are not copied,
+// and must not be changed or reused afterwards (the local writer and the
+// segment pipe read them in the background).
+func (r *Run) WriteOwned(ctx context.Context, w int, epoch int64, batch []rowbatch.Row) (int, error) {
+	if err := r.Err(); err != nil {
+		return 0, err
+	}
+	if r.pipes == nil {
+		return 0, errNotRunning
+	}
 	for i := range batch {
 		batch[i].Epoch = epoch
 	}
