@@ -51,14 +51,19 @@ class FakeStore:
     def register(self, step_id: str, builder: Callable[[Any], Any]) -> None:
         self.builders[step_id] = builder
 
-    def get(self, step_id: str, key: str) -> Any:
+    def peek(self, step_id: str, key: str) -> Any:
         sk = (step_id, key)
         if sk not in self.live:
             if sk in self.gone or sk not in self.base:
                 return None
             self.live[sk] = self.builders[step_id](self.base[sk])
-        self.touched.add(sk)
         return self.live[sk]
+
+    def get(self, step_id: str, key: str) -> Any:
+        obj = self.peek(step_id, key)
+        if obj is not None:
+            self.touched.add((step_id, key))
+        return obj
 
     def get_or_build(self, step_id: str, key: str) -> Any:
         obj = self.get(step_id, key)

@@ -278,3 +278,44 @@ def test_only_the_final_epoch_is_closed_as_the_last():
     durable = FakeDurable()
     run_main(_sum_flow([("a", 1), ABORT(), ("a", 2)], []), epoch_interval=ZERO, recovery_config=durable)
     assert durable.closes and not any(last for *_, last in durable.closes), "an aborted run has no last epoch"
+
+
+class _EofEmitter(op.StatefulBatchLogic):
+    """Sums values; at EOF emits the sum and doubles its state."""
+
+    def __init__(self, state: Optional[int]) -> None:
+        self.total = state or 0
+
+    def on_batch(self, values: List[int]) -> Tuple[List[int], bool]:
+        self.total += sum(values)
+        return [], False
+
+    def on_eof(self) -> Tuple[List[int], bool]:
+        self.total *= 2
+        return [self.total], False
+
+    def snapshot(self) -> int:
+        return self.total
+
+
+def test_end_of_input_snapshots_only_keys_whose_on_eof_can_change_them():
+    items = [("a", 1), ("b", 2), ("a", 3), EOF_(), ("a", 1)]
+    out: List[Any] = []
+    flow = Dataflow("eof")
+    s = op.input("inp", flow, TestingSource(items))
+    op.output("maps", op.stateful_map("m", s, lambda st, v: ((st or 0) + v, (st or 0) + v)), TestingSink(out))
+    op.output("sums", op.stateful_batch("e", s, _EofEmitter), TestingSink(out))
+    durable = FakeDurable()
+    run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    # Every item is an epoch and EOF closes a fourth. stateful_map keeps the
+    # default on_eof (nothing to emit, state kept), so its keys are written
+    # only in the epochs that changed them, not again at EOF; the step whose
+    # on_eof changes its state is written as of EOF.
+    written = {k: [e for e, _ in rows] for (st, k), rows in durable.rows.items() if st == "eof.m.stateful_batch"}
+    assert written == {"a": [1, 3], "b": [2]}
+    assert durable.state_at(4)[("eof.e", "a")] == 8 and durable.state_at(4)[("eof.e", "b")] == 4
+    assert sorted(x for x in out if x[0] == "a") == [("a", 1), ("a", 4), ("a", 8)]
+    # The state left by EOF is what the next run continues from.
+    out.clear()
+    run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    assert ("a", 5) in out and ("a", 18) in out

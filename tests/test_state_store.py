@@ -365,6 +365,22 @@ def test_get_hydrates_through_the_builder_only_once(tmp_path):
         assert Box.built_from == [5]
 
 
+def test_peek_reads_live_and_stored_keys_without_touching_them(tmp_path):
+    with open_store(tmp_path) as s:
+        s.set(STEP, "a", box(5))
+        s.snapshot(1)
+    Box.built_from.clear()
+    with open_store(tmp_path) as s:
+        first = s.peek(STEP, "a")
+        assert first.value == 5 and Box.built_from == [5]
+        assert s.peek(STEP, "a") is first
+        assert s.peek(STEP, "nope") is None
+        assert s.dirty_count() == 0
+        assert s.snapshot(2) == 0, "peeked keys are not snapshotted"
+        assert s.get(STEP, "a") is first
+        assert s.dirty_count() == 1
+
+
 def test_snapshot_writes_only_keys_touched_since_the_last_snapshot(store):
     for i in range(10):
         store.set(STEP, f"k{i}", box(i))

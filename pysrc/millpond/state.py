@@ -142,6 +142,19 @@ class _LiveState:
         self._dirty[step_id][key] = None
         return obj
 
+    def peek(self, step_id: str, key: str) -> Optional[Any]:
+        """Like :meth:`get`, but the key does not count as touched: for a
+        caller that only reads the object. Mutating it is not snapshotted
+        unless the key is touched some other way."""
+        try:
+            live = self._live[step_id]
+        except KeyError:
+            raise self._unknown_step(step_id) from None
+        obj = live.get(key, _MISSING)
+        if obj is _MISSING:
+            return self._hydrate(step_id, key)
+        return obj
+
     def get_or_build(self, step_id: str, key: str) -> Any:
         """Like :meth:`get`, but build a new object with ``builder(None)`` if
         the key has no state."""

@@ -46,6 +46,17 @@ def _no_timers(logic: Any) -> bool:
     return type(logic).notify_at is StatefulBatchLogic.notify_at
 
 
+def _default_eof(logic: Any) -> bool:
+    # The default on_eof emits nothing and keeps the state as it is: calling
+    # it would only mark the key touched and snapshot it again, unchanged
+    # (at the end of a stateful_map over a million keys, a million rows).
+    from millpond.operators import StatefulBatchLogic, StatefulLogic, _StatefulShim
+
+    if isinstance(logic, _StatefulShim):
+        return type(logic.logic).on_eof is StatefulLogic.on_eof
+    return type(logic).on_eof is StatefulBatchLogic.on_eof
+
+
 class _AlwaysFalse(dict):
     """Timer lookup for steps whose logic never sets timers."""
 
@@ -247,11 +258,12 @@ class StatefulBatchRuntime(StepRuntime):
         self._out = []
         for key in sorted(store.keys(self.step_id)):
             try:
-                logic = store.get(self.step_id, key)
+                logic = store.peek(self.step_id, key)
             except Exception as ex:
                 raise self.fail(ex, key=key, what="builder") from ex
-            if logic is None:
+            if logic is None or _default_eof(logic):
                 continue
+            store.get(self.step_id, key)  # on_eof may change it: snapshot it
             try:
                 out, discard = logic.on_eof()
             except Exception as ex:
