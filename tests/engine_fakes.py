@@ -28,6 +28,8 @@ class FakeDurable:
         self.events: List[Tuple[Any, ...]] = []
         #: (worker, epoch, last) of every close_epoch call, in order.
         self.closes: List[Tuple[int, int, bool]] = []
+        #: Every run opened on this durable state, oldest first.
+        self.runs: List["FakeRun"] = []
 
     def state_at(self, epoch: int) -> Dict[Tuple[str, str], Any]:
         out = {}
@@ -118,6 +120,7 @@ class FakeRun:
         self.pending: Dict[int, Dict[int, list]] = {}
         self.finished: Optional[bool] = None
         durable.events.append(("open", self.execution, self.resume_epoch))
+        durable.runs.append(self)
 
     def worker_store(self, worker_index: int) -> FakeStore:
         return self.stores[worker_index]

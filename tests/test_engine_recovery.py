@@ -319,3 +319,22 @@ def test_end_of_input_snapshots_only_keys_whose_on_eof_can_change_them():
     out.clear()
     run_main(flow, epoch_interval=ZERO, recovery_config=durable)
     assert ("a", 5) in out and ("a", 18) in out
+
+
+def test_end_of_input_of_a_resumed_stateful_map_leaves_stored_keys_unread():
+    items = [("a", 1), ("b", 2), EOF_(), ("a", 1), EOF_()]
+    out: List[Any] = []
+    flow = Dataflow("eof")
+    s = op.input("inp", flow, TestingSource(items))
+    op.output("maps", op.stateful_map("m", s, lambda st, v: ((st or 0) + v, (st or 0) + v)), TestingSink(out))
+    op.output("sums", op.stateful_batch("e", s, _EofEmitter), TestingSink(out))
+    durable = FakeDurable()
+    run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    out.clear()
+    run_main(flow, epoch_interval=ZERO, recovery_config=durable)
+    live = set(durable.runs[-1].stores[0].live)
+    # stateful_map's logic keeps the default on_eof: EOF does not build b.
+    assert ("eof.m.stateful_batch", "b") not in live
+    # A logic with its own on_eof runs it for every key, stored ones too.
+    assert {("eof.e", "a"), ("eof.e", "b")} <= live
+    assert sorted(out) == [("a", 2), ("a", 6), ("b", 8)]

@@ -25,15 +25,43 @@ type compaction struct {
 // of the flow and of the commits themselves.
 func (r *Run) runMaintenance() {
 	defer r.wg.Done()
-	for range r.maint {
+	// A local GC held back by pacing runs when its turn comes, even if no
+	// commit wakes maintenance by then (a flow gone idle would otherwise
+	// keep its last epochs' superseded rows until the next commit).
+	paced := time.NewTimer(time.Hour)
+	paced.Stop()
+	defer paced.Stop()
+	for {
+		select {
+		case _, ok := <-r.maint:
+			if !ok {
+				return
+			}
+		case <-paced.C:
+		}
 		if r.maintCtx.Err() != nil {
 			continue // the run is finishing: drain the wake-ups
 		}
 		// The newest commit, not the one that woke us: a wake-up dropped
 		// while a round ran must not leave maintenance an epoch behind.
-		r.maintain(r.maintCtx, r.Committed())
+		committed := r.Committed()
+		r.maintain(r.maintCtx, committed)
+		r.mu.Lock()
+		behind, failing := r.gcEpoch < committed, r.maintFailing
+		r.mu.Unlock()
+		if behind {
+			wait := max(time.Until(r.gcNext), time.Millisecond)
+			if failing {
+				wait = max(wait, retryMaintenance)
+			}
+			paced.Reset(wait)
+		}
 	}
 }
+
+// retryMaintenance spaces the retries of a failing local GC that no
+// commit wakes.
+const retryMaintenance = time.Second
 
 // dutyFactor spaces local GC rounds (they rewrite pages all over a store)
 // so they use at most about a quarter of a core: after a round that took
@@ -187,6 +215,8 @@ func objectBytes(objs []ObjectRef) (seg, comp int64) {
 // written the old record stands, so a crash at any point leaves correct,
 // readable state.
 func (r *Run) compact(ctx context.Context, c int64) error {
+	r.objectsMu.Lock()
+	defer r.objectsMu.Unlock()
 	// Object keys are named by epoch and execution: a second compaction
 	// at the same epoch would replace the objects the first one's record
 	// names, and a crash before its own record would leave that record
@@ -311,6 +341,8 @@ func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir
 // deletes records before objects, so a crash in between leaves only
 // unreferenced objects for the next round.
 func (r *Run) collectGarbage(ctx context.Context) error {
+	r.objectsMu.Lock()
+	defer r.objectsMu.Unlock()
 	b := r.cfg.Backup
 	flow := r.cfg.FlowID
 	r.commitMu.Lock()

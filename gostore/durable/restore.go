@@ -130,14 +130,15 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 	return info, nil
 }
 
-// rebuild fills a fresh local store with the rows of worker w's key groups
-// from every object of the newest commit.
+// rebuild fills a fresh local store with the state of worker w's key
+// groups at the newest commit: it downloads and checks every object that
+// holds some of them, then merges them into the newest row per key.
 func (r *Run) rebuild(ctx context.Context, w int, store *localstore.Store, info *RestoreInfo) error {
 	owned := keygroup.OwnedBy(w, r.cfg.WorkerCount, r.cfg.KeyGroupCount)
-	var objs []ObjectRef
+	var refs []ObjectRef
 	for _, o := range r.state.Commit.Objects {
 		if o.GroupLo < owned.Hi && owned.Lo < o.GroupHi {
-			objs = append(objs, o)
+			refs = append(refs, o)
 			r.progress.ObjectsTotal.Add(1)
 			r.progress.BytesTotal.Add(o.Size)
 		}
@@ -149,28 +150,39 @@ func (r *Run) rebuild(ctx context.Context, w int, store *localstore.Store, info 
 	}
 	defer os.RemoveAll(tmp)
 	committed := r.state.Commit.Epoch
-	for i, o := range objs {
+	objs := make([]*objectRows, 0, len(refs))
+	defer func() {
+		for _, o := range objs {
+			o.f.Close()
+		}
+	}()
+	for i, o := range refs {
 		path := filepath.Join(tmp, fmt.Sprintf("%06d.sqlite", i))
 		if err := fetchVerified(ctx, r, o, path); err != nil {
 			return err
 		}
-		n, err := applyObject(ctx, store, o, path, r.cfg, owned, committed)
-		os.Remove(path)
+		f, err := openObject(ctx, o, path, r.cfg)
 		if err != nil {
 			return err
 		}
+		objs = append(objs, &objectRows{name: o.Key, f: f, opts: snapfile.ScanOptions{
+			Groups: &owned, IncludeDeleted: true, Before: committed + 1, ChunkRows: 8192,
+		}})
 		info.Objects++
 		info.Bytes += o.Size
 		r.progress.ObjectsDone.Add(1)
 		r.progress.BytesDone.Add(o.Size)
-		r.progress.RowsRestored.Add(n)
 	}
-	if err := store.MarkThrough(ctx, committed); err != nil {
+	err := mergeNewest(ctx, objs, 8192, func(rows []rowbatch.Row) error {
+		n, err := store.Restore(ctx, rows)
+		r.progress.RowsRestored.Add(int64(n))
 		return err
+	})
+	if err != nil {
+		return fmt.Errorf("restore worker %d: %w", w, err)
 	}
-	// Versions superseded inside the committed range are dead already.
-	_, err := store.GC(ctx, committed)
-	return err
+	// One row per key, none superseded: collected through committed.
+	return store.MarkRebuilt(ctx, committed)
 }
 
 // fetchVerified downloads an object and checks its size and checksum.
@@ -188,28 +200,18 @@ func fetchVerified(ctx context.Context, r *Run, o ObjectRef, path string) error 
 	return nil
 }
 
-// applyObject copies the rows of owned key groups from a downloaded object
-// into the store, keeping their epochs.
-func applyObject(ctx context.Context, store *localstore.Store, o ObjectRef, path string, cfg Config, owned keygroup.Range, committed int64) (int64, error) {
+// openObject opens a downloaded object and checks that it belongs to the
+// flow and key-group layout being restored.
+func openObject(ctx context.Context, o ObjectRef, path string, cfg Config) (*snapfile.File, error) {
 	f, err := snapfile.Open(ctx, path, snapfile.Options{Segment: true})
 	if err != nil {
-		return 0, fmt.Errorf("%w: %s: %v", ErrCorrupt, o.Key, err)
+		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, o.Key, err)
 	}
-	defer f.Close()
 	if m := f.Meta(); m.FlowID != cfg.FlowID || m.KeyGroupCount != cfg.KeyGroupCount {
-		return 0, fmt.Errorf("%w: %s holds flow %q with %d key groups, not %q with %d", ErrCorrupt, o.Key, m.FlowID, m.KeyGroupCount, cfg.FlowID, cfg.KeyGroupCount)
+		f.Close()
+		return nil, fmt.Errorf("%w: %s holds flow %q with %d key groups, not %q with %d", ErrCorrupt, o.Key, m.FlowID, m.KeyGroupCount, cfg.FlowID, cfg.KeyGroupCount)
 	}
-	var n int64
-	err = f.Scan(ctx, snapfile.ScanOptions{Groups: &owned, IncludeDeleted: true, Before: committed + 1, ChunkRows: 8192},
-		func(rows []rowbatch.Row) error {
-			w, err := store.Restore(ctx, rows)
-			n += int64(w)
-			return err
-		})
-	if err != nil {
-		return n, fmt.Errorf("restore from %s: %w", o.Key, err)
-	}
-	return n, nil
+	return f, nil
 }
 
 // rebuildMarker is a file in a worker's directory while its local store

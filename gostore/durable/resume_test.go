@@ -93,6 +93,19 @@ func TestFullResume(t *testing.T) {
 			assert.Equal(t, int64(7), run.ResumeEpoch())
 			assert.Equal(t, repeat(c.wantKind, c.after), kinds(infos))
 			requireModel(t, h.hist.at[6], stateOf(t, run, c.after, h.kgc))
+			if c.wantKind == durable.ResumeFull {
+				// A rebuilt store holds the newest row of each live key and
+				// nothing else: no older version or deletion is left to GC.
+				var rows int64
+				for w := 0; w < c.after; w++ {
+					st, err := run.Store(w).Stats(context.Background())
+					require.NoError(t, err)
+					assert.Zero(t, st.Deletions)
+					assert.Equal(t, int64(6), run.Store(w).Meta().GCEpoch)
+					rows += st.Rows
+				}
+				assert.Equal(t, int64(len(h.hist.at[6])), rows)
+			}
 			if c.before == c.after {
 				return
 			}

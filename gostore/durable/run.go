@@ -131,7 +131,11 @@ type Run struct {
 	stopped   bool
 
 	commitMu sync.Mutex // serializes writes of commit records
-	record   CommitRecord
+	// objectsMu keeps compaction and durable GC apart: a GC that read the
+	// newest record before a compaction at that same epoch wrote its own
+	// would take the new compacted object for an unreferenced one.
+	objectsMu sync.Mutex
+	record    CommitRecord
 
 	progress  Progress
 	metrics   Metrics

@@ -461,8 +461,10 @@ func (s *Store) Restore(ctx context.Context, rows []rowbatch.Row) (int, error) {
 	return s.file.Write(ctx, rows)
 }
 
-// MarkThrough records that the store holds every row up to epoch.
-func (s *Store) MarkThrough(ctx context.Context, epoch int64) error {
+// MarkRebuilt records that the store holds every row up to epoch and no
+// superseded version of any of them: a store filled with one row per key
+// (a full resume merges the durable objects so) needs no GC up to epoch.
+func (s *Store) MarkRebuilt(ctx context.Context, epoch int64) error {
 	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -471,6 +473,7 @@ func (s *Store) MarkThrough(ctx context.Context, epoch int64) error {
 	}
 	m := s.file.Meta()
 	m.LastEpoch = max(m.LastEpoch, epoch)
+	m.GCEpoch = max(m.GCEpoch, epoch)
 	return s.file.UpdateMeta(ctx, m)
 }
 

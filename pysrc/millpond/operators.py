@@ -537,13 +537,16 @@ def raises(step_id: str, up: Stream[Any]) -> None:
 # Stateful operators built from stateful_batch
 
 
-def _without_timers(stream: Stream[Any]) -> Stream[Any]:
+def _without_timers(stream: Stream[Any], on_eof: bool = True) -> Stream[Any]:
     """Mark the ``stateful_batch`` step producing ``stream`` as one whose
     logic never sets timers, so a resumed run need not hydrate every key just
-    to ask ``notify_at``."""
+    to ask ``notify_at``. With ``on_eof=False`` its logic also keeps the
+    default ``on_eof`` (nothing emitted, state kept), so the end of input
+    need not visit its keys at all."""
     for step in stream._graph.steps:
         if f"{step.step_id}.down" == stream.stream_id and step.kind == "stateful_batch":
             step.params["timers"] = False
+            step.params["eof"] = on_eof
     return stream
 
 
@@ -641,7 +644,8 @@ def stateful_map(
     return _without_timers(
         stateful_batch(
             "stateful_batch", up, lambda resume: _StatefulMapLogic(mapper, resume, False)
-        )
+        ),
+        on_eof=False,
     )
 
 
@@ -656,7 +660,8 @@ def stateful_flat_map(
     return _without_timers(
         stateful_batch(
             "stateful_batch", up, lambda resume: _StatefulMapLogic(mapper, resume, True)
-        )
+        ),
+        on_eof=False,
     )
 
 
