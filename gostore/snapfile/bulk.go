@@ -301,7 +301,8 @@ func (b *bulkConn) fold() (moved int64, err error) {
 
 // gc removes, in one transaction, every row superseded by a newer row
 // at or before committed among the keys written in (since, committed],
-// and the deletion records written then. Keys come from the epoch index;
+// and the deletion records written then (each is its key's newest row or
+// superseded). Keys come from the epoch index;
 // each key's older versions go in one range delete, in key order, so the
 // B-tree is walked once. A cancelled ctx rolls the round back (checked
 // every gcCheckEvery keys), so the end of a run does not wait for it.
@@ -318,7 +319,10 @@ func (b *bulkConn) gc(ctx context.Context, since, committed int64) (removed int6
 	if err != nil {
 		return 0, err
 	}
-	del, err := b.cached(`DELETE FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3`)
+	// A key's newest row goes too when it is a deletion (nothing older is
+	// left for it to hide): in the same seek, where a second statement over
+	// the epoch range cost one more lookup per row written.
+	del, err := b.cached(`DELETE FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND (epoch < ?3 OR (epoch = ?3 AND value IS NULL))`)
 	if err != nil {
 		return 0, err
 	}
@@ -342,10 +346,6 @@ func (b *bulkConn) gc(ctx context.Context, since, committed int64) (removed int6
 		removed += n
 		i = j
 	}
-	if err := b.exec(fmt.Sprintf(`DELETE FROM snaps WHERE value IS NULL AND epoch > %d AND epoch <= %d`, since, committed)); err != nil {
-		return removed, err
-	}
-	removed += sqlite3.Xsqlite3_changes64(b.tls, b.db)
 	return removed, b.exec("COMMIT")
 }
 
