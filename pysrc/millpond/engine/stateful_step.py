@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from millpond.engine.steps import StepRuntime
 
@@ -49,15 +49,25 @@ def _no_timers(logic: Any) -> bool:
     return type(logic).notify_at is StatefulBatchLogic.notify_at
 
 
-def _default_eof(logic: Any) -> bool:
-    # The default on_eof emits nothing and keeps the state as it is: calling
-    # it would only mark the key touched and snapshot it again, unchanged
-    # (at the end of a stateful_map over a million keys, a million rows).
+def _eof_defaults() -> Callable[[Any], bool]:
+    """Return ``is_default(logic)``: whether a key's logic keeps the default
+    on_eof, which emits nothing and keeps the state as it is. Calling it
+    would only mark the key touched and snapshot it again, unchanged (at
+    the end of a stateful_map over a million keys, a million rows). The
+    answer is kept per class: this runs for every key at the end of input."""
     from millpond.operators import StatefulBatchLogic, StatefulLogic, _StatefulShim
 
-    if isinstance(logic, _StatefulShim):
-        return type(logic.logic).on_eof is StatefulLogic.on_eof
-    return type(logic).on_eof is StatefulBatchLogic.on_eof
+    defaults = (StatefulBatchLogic.on_eof, StatefulLogic.on_eof)
+    by_class: Dict[type, bool] = {}
+
+    def is_default(logic: Any) -> bool:
+        cls = type(logic.logic) if type(logic) is _StatefulShim else type(logic)
+        known = by_class.get(cls)
+        if known is None:
+            known = by_class[cls] = cls.on_eof in defaults
+        return known
+
+    return is_default
 
 
 class _AlwaysFalse(dict):
@@ -284,12 +294,13 @@ class StatefulBatchRuntime(StepRuntime):
             # A resumed run holds only the keys it touched; on_eof may
             # run for any of them.
             self._hydrate_all()
+        default_eof = _eof_defaults()
         for key in keys:
             try:
                 logic = store.peek(self.step_id, key)
             except Exception as ex:
                 raise self.fail(ex, key=key, what="builder") from ex
-            if logic is None or _default_eof(logic):
+            if logic is None or default_eof(logic):
                 continue
             store.get(self.step_id, key)  # on_eof may change it: snapshot it
             try:
