@@ -39,9 +39,9 @@ func (o *objectRows) head(ctx context.Context) (row *rowbatch.Row, ok bool, err 
 	return &o.page[o.i], true, nil
 }
 
-// before orders rows by (step, key), the order objects are scanned in
+// keyBefore orders rows by (step, key), the order objects are scanned in
 // (SQLite compares text bytewise, as Go compares strings).
-func before(a, b *rowbatch.Row) bool {
+func keyBefore(a, b *rowbatch.Row) bool {
 	if a.StepID != b.StepID {
 		return a.StepID < b.StepID
 	}
@@ -49,9 +49,10 @@ func before(a, b *rowbatch.Row) bool {
 }
 
 // mergeNewest merges the objects' rows into the newest row per key, in
-// (step, key) order (objs are in commit order, oldest first), and hands them to emit in chunks of at most chunk
-// rows. Keys whose newest row is a deletion are left out: the rows go
-// into an empty store, where there is nothing for a deletion to hide.
+// (step, key) order, and hands them to emit in chunks of at most chunk
+// rows; objs are in commit order, oldest first. Keys whose newest row is a
+// deletion are left out: the rows go into an empty store, where there is
+// nothing for a deletion to hide.
 // Every row is written once, where applying the objects one after
 // another wrote each version of a key and then collected the older ones.
 // The objects are few (compaction keeps them so), so the smallest head is
@@ -71,7 +72,7 @@ func mergeNewest(ctx context.Context, objs []*objectRows, chunk int, emit func([
 				continue
 			}
 			heads[i] = h
-			if least == nil || before(h, least) {
+			if least == nil || keyBefore(h, least) {
 				least = h
 			}
 		}

@@ -302,9 +302,8 @@ func (b *bulkConn) fold() (moved int64, err error) {
 // gc removes, in one transaction, every row superseded by a newer row
 // at or before committed among the keys written in (since, committed],
 // and the deletion records written then (each is its key's newest row or
-// superseded). Keys come from the epoch index;
-// each key's older versions go in one range delete, in key order, so the
-// B-tree is walked once. A cancelled ctx rolls the round back (checked
+// superseded). Keys come from the epoch index; each key's older versions
+// go in one range delete, in key order, so the B-tree is walked once. A cancelled ctx rolls the round back (checked
 // every gcCheckEvery keys), so the end of a run does not wait for it.
 func (b *bulkConn) gc(ctx context.Context, since, committed int64) (removed int64, err error) {
 	if err := b.exec("BEGIN IMMEDIATE"); err != nil {
