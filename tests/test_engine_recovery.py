@@ -298,13 +298,19 @@ class _EofEmitter(op.StatefulBatchLogic):
         return self.total
 
 
-def test_end_of_input_snapshots_only_keys_whose_on_eof_can_change_them():
-    items = [("a", 1), ("b", 2), ("a", 3), EOF_(), ("a", 1)]
-    out: List[Any] = []
+def _map_and_eof_flow(items: List[Any], out: List[Any]) -> Dataflow:
+    """A running sum by stateful_map (default on_eof) beside _EofEmitter."""
     flow = Dataflow("eof")
     s = op.input("inp", flow, TestingSource(items))
     op.output("maps", op.stateful_map("m", s, lambda st, v: ((st or 0) + v, (st or 0) + v)), TestingSink(out))
     op.output("sums", op.stateful_batch("e", s, _EofEmitter), TestingSink(out))
+    return flow
+
+
+def test_end_of_input_snapshots_only_keys_whose_on_eof_can_change_them():
+    items = [("a", 1), ("b", 2), ("a", 3), EOF_(), ("a", 1)]
+    out: List[Any] = []
+    flow = _map_and_eof_flow(items, out)
     durable = FakeDurable()
     run_main(flow, epoch_interval=ZERO, recovery_config=durable)
     # Every item is an epoch and EOF closes a fourth. stateful_map keeps the
@@ -324,10 +330,7 @@ def test_end_of_input_snapshots_only_keys_whose_on_eof_can_change_them():
 def test_end_of_input_of_a_resumed_stateful_map_leaves_stored_keys_unread():
     items = [("a", 1), ("b", 2), EOF_(), ("a", 1), EOF_()]
     out: List[Any] = []
-    flow = Dataflow("eof")
-    s = op.input("inp", flow, TestingSource(items))
-    op.output("maps", op.stateful_map("m", s, lambda st, v: ((st or 0) + v, (st or 0) + v)), TestingSink(out))
-    op.output("sums", op.stateful_batch("e", s, _EofEmitter), TestingSink(out))
+    flow = _map_and_eof_flow(items, out)
     durable = FakeDurable()
     run_main(flow, epoch_interval=ZERO, recovery_config=durable)
     out.clear()
