@@ -149,9 +149,9 @@ PyObject *mp_run_close_epoch_py(PyObject *self, PyObject *args) {
     unsigned long long h;
     int w;
     long long epoch;
-    int last = 0;
-    if (!PyArg_ParseTuple(args, "KiL|p", &h, &w, &epoch, &last)) return NULL;
-    CALL_GO(mp_run_close_epoch(h, w, epoch, last, &kind, &msg));
+    int last = 0, whole = 0;
+    if (!PyArg_ParseTuple(args, "KiL|pp", &h, &w, &epoch, &last, &whole)) return NULL;
+    CALL_GO(mp_run_close_epoch(h, w, epoch, last, whole, &kind, &msg));
     Py_RETURN_NONE;
 }
 

@@ -134,10 +134,13 @@ func mp_run_write(h C.uintptr_t, w C.int, epoch C.longlong, buf *C.char, n C.siz
 }
 
 //export mp_run_close_epoch
-func mp_run_close_epoch(h C.uintptr_t, w C.int, epoch C.longlong, last C.int, errKind *C.int, errMsg **C.char) C.int {
+func mp_run_close_epoch(h C.uintptr_t, w C.int, epoch C.longlong, last, whole C.int, errKind *C.int, errMsg **C.char) C.int {
 	run, err := lookup[*durable.Run](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
+	}
+	if whole != 0 {
+		run.MarkWhole(int(w), int64(epoch))
 	}
 	if last != 0 {
 		return setErr(withKind(kindRecovery, run.CloseLastEpoch(int(w), int64(epoch))), errKind, errMsg)
@@ -175,7 +178,7 @@ func mp_run_metrics(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char
 		"committed_epoch": m.CommittedEpoch, "commits": m.Commits,
 		"segments_uploaded": m.SegmentsUploaded, "bytes_uploaded": m.BytesUploaded,
 		"upload_seconds": m.UploadSeconds, "backpressure_seconds": m.BackpressureSeconds,
-		"compactions": m.Compactions, "objects_deleted": m.ObjectsDeleted,
+		"compactions": m.Compactions, "whole_epochs": m.WholeEpochs, "objects_deleted": m.ObjectsDeleted,
 		"local_write_seconds": m.LocalWriteSeconds, "local_gc_seconds": m.LocalGCSeconds, "compaction_seconds": m.CompactionSeconds,
 		"commit_latency_p50": durable.Percentile(m.CommitLatencies, 50),
 		"commit_latency_p99": durable.Percentile(m.CommitLatencies, 99),

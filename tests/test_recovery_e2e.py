@@ -322,3 +322,45 @@ def test_a_builder_failing_on_a_stored_key_is_named_at_resume(tmp_path):
     with pytest.raises(DataflowError, match="bad") as info:
         cluster_main(_total_flow([("good", 1)], out), [], 0, epoch_interval=ZERO, recovery_config=cfg)
     assert isinstance(info.value.__cause__, ValueError)
+
+
+# --- epochs that rewrite the whole state -----------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_epochs_that_touch_every_key_are_kept_as_compacted_state_and_resume_exactly(tmp_path, caplog, workers):
+    """Every batch (one epoch each) updates every key: each worker's snapshot
+    is its whole state, so the commit names those segments as compacted
+    state in place of everything older. Aborted twice and resumed from the
+    backup alone, the outputs and final state are those of a run that never
+    failed."""
+    caplog.set_level(logging.INFO, logger="millpond")
+    state, backup = tmp_path / "state", tmp_path / "backup"
+    state.mkdir()
+    cfg = RecoveryConfig(state, backup=DirBackup(backup), compact_min_bytes=1 << 40)
+    n_keys = 12
+    data = [(f"k{j}", 1 + (i + j) % 3) for i in range(8) for j in range(n_keys)]
+
+    def lose_disk(i: int) -> None:
+        if i > 0:
+            shutil.rmtree(state)
+            state.mkdir()
+
+    items = with_aborts(data, [4 * n_keys, 6 * n_keys])
+    out: List[Any] = []
+    flow = counting_flow(items, out, batch_size=n_keys)
+    per_run = []
+    for i in range(4):
+        lose_disk(i)
+        start = len(out)
+        cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=cfg, worker_count_per_proc=workers)
+        per_run.append(out[start:])
+        if i == 0:
+            commits = sorted((backup / "counts" / "commits").glob("*.json"))
+            record = json.loads(commits[-1].read_text())
+            kinds = Counter(o["kind"] for o in record["objects"])
+            assert kinds == {"compacted": workers}, record["objects"]
+            assert {o["last_epoch"] for o in record["objects"]} == {record["epoch"]}
+    result = {"data_outs": [x for run in per_run[:-1] for x in run], "probe": dict(per_run[-1])}
+    check_against_uninterrupted(result, data)
+    assert all("full resume" in line for line in resume_lines(caplog)[1:])

@@ -1021,3 +1021,75 @@ def test_open_with_a_locked_store_and_a_bad_layout_reports_the_lock(tmp_path):
     with StateStore.open(tmp_path, FLOW):
         with pytest.raises(StoreLockedError):
             StateStore.open(tmp_path, FLOW, worker_count=2)
+
+
+# -- whole-state snapshots -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "epoch2, whole",
+    [
+        ({"touch": ["a", "b", "c"]}, True),
+        ({"touch": ["a", "b"]}, False),
+        ({"touch": ["a", "b"], "discard": ["c"]}, True),
+        ({"discard": ["a", "b", "c"]}, True),
+        ({"touch": ["a", "b", "c"], "peek": ["c"]}, True),
+        ({}, True),
+    ],
+    ids=["all touched", "one untouched", "untouched one discarded", "all discarded", "peek too", "nothing"],
+)
+def test_last_snapshot_whole_tells_whether_every_key_with_state_was_written(store, epoch2, whole):
+    for k in "abc":
+        store.set(STEP, k, box(k))
+    store.snapshot(1)
+    assert store.last_snapshot_whole, "a first snapshot of every key is whole"
+    if epoch2:
+        for k in epoch2.get("touch", []):
+            store.get(STEP, k).value += "!"
+        for k in epoch2.get("peek", []):
+            store.peek(STEP, k)
+        for k in epoch2.get("discard", []):
+            store.discard(STEP, k)
+    else:
+        for k in "abc":
+            store.get(STEP, k)
+    store.snapshot(2)
+    assert store.last_snapshot_whole is whole
+
+
+def test_a_step_with_untouched_keys_makes_the_snapshot_partial_whatever_other_steps_did(store):
+    store.register("other", Box)
+    store.set(STEP, "a", box(1))
+    store.set("other", "x", box(2))
+    store.snapshot(1)
+    store.get(STEP, "a")
+    store.snapshot(2)
+    assert not store.last_snapshot_whole
+
+
+def test_stored_keys_not_read_in_full_keep_snapshots_partial_until_hydrate_all(tmp_path):
+    with open_store(tmp_path) as s:
+        s.register("gone", Box)
+        for k in "abc":
+            s.set(STEP, k, box(k))
+        s.set("gone", "g", box(0))
+        s.snapshot(1)
+    with open_store(tmp_path) as s:
+        for k in "abc":
+            s.get(STEP, k)
+        s.snapshot(2)
+        assert not s.last_snapshot_whole, "step 'gone' has stored rows and no builder this run"
+    with open_store(tmp_path) as s:
+        s.register("gone", Box)
+        for k in "abc":
+            s.get(STEP, k)
+        s.get("gone", "g")
+        s.snapshot(3)
+        assert not s.last_snapshot_whole, "stored keys were never listed: some may be unread"
+        s.hydrate_all(STEP)
+        s.hydrate_all("gone")
+        for k in "abc":
+            s.get(STEP, k)
+        s.get("gone", "g")
+        s.snapshot(4)
+        assert s.last_snapshot_whole

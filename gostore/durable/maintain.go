@@ -244,6 +244,11 @@ func (r *Run) compact(ctx context.Context, c int64) error {
 	r.commitMu.Lock()
 	defer r.commitMu.Unlock()
 	rec := r.record
+	if compactedThrough(rec.Objects) >= c {
+		// A whole-state epoch committed meanwhile already stands for
+		// this state; the objects just written are left to GC.
+		return nil
+	}
 	keep := append([]ObjectRef{}, objs...)
 	for _, o := range rec.Objects {
 		if o.LastEpoch > c {

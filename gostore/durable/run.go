@@ -165,6 +165,9 @@ type epochState struct {
 	objects  []ObjectRef
 	closeAt  time.Time
 	closeSet bool
+	// whole holds the workers whose rows of the epoch are their whole
+	// state (MarkWhole).
+	whole map[int]bool
 }
 
 type uploadJob struct {
@@ -517,6 +520,39 @@ func copyRows(rows []rowbatch.Row) []rowbatch.Row {
 	return out
 }
 
+// MarkWhole records that the rows worker w wrote at epoch are its whole
+// state: every key it holds was written (or deleted) in that epoch. Call it
+// before CloseEpoch. When every worker marks an epoch so, in batch mode, its
+// segments are committed as compacted state that replaces every older
+// object: a flow that rewrites all its keys each epoch then never needs a
+// compaction pass that would write the same state a second time.
+func (r *Run) MarkWhole(w int, epoch int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	es := r.epochLocked(epoch)
+	if es.whole == nil {
+		es.whole = map[int]bool{}
+	}
+	es.whole[w] = true
+}
+
+// wholeLocked reports whether es's segments are the whole state of every
+// worker: each marked it whole and cut exactly one segment (batch mode; an
+// immediate-mode epoch spans several). r.mu is held.
+func (r *Run) wholeLocked(es *epochState) bool {
+	if r.cfg.Mode != SnapshotBatch || len(es.whole) != r.cfg.WorkerCount || len(es.objects) != r.cfg.WorkerCount {
+		return false
+	}
+	seen := map[int]bool{}
+	for _, o := range es.objects {
+		if seen[o.Worker] || !es.whole[o.Worker] {
+			return false
+		}
+		seen[o.Worker] = true
+	}
+	return true
+}
+
 // CloseEpoch marks that worker w finished epoch (its snapshot is written).
 // When every worker closed it and its segments are uploaded, it commits.
 // CloseEpoch waits while more than MaxEpochsInFlight epochs are closed but
@@ -584,7 +620,7 @@ func (r *Run) tryCommit() {
 	defer r.commitMu.Unlock()
 	r.mu.Lock()
 	target := r.committed
-	var fresh []ObjectRef
+	var fresh, whole []ObjectRef
 	var closeAt time.Time
 	for e := r.committed + 1; ; e++ {
 		es := r.epochs[e]
@@ -595,6 +631,9 @@ func (r *Run) tryCommit() {
 		fresh = append(fresh, es.objects...)
 		if es.closeSet {
 			closeAt = es.closeAt
+		}
+		if r.wholeLocked(es) {
+			whole = es.objects
 		}
 	}
 	failed := r.err != nil
@@ -607,6 +646,9 @@ func (r *Run) tryCommit() {
 		WorkerCount: r.cfg.WorkerCount, KeyGroupCount: r.cfg.KeyGroupCount,
 		Objects:       append(append([]ObjectRef{}, r.record.Objects...), fresh...),
 		CommittedUnix: time.Now().Unix(),
+	}
+	if len(whole) > 0 {
+		rec.Objects = promoteWhole(rec.Objects, whole)
 	}
 	sortObjects(rec.Objects)
 	if err := r.checkNotSuperseded(r.ctx); err != nil {
@@ -630,6 +672,9 @@ func (r *Run) tryCommit() {
 	r.segmentBytes, r.compactedBytes = objectBytes(rec.Objects)
 	r.metrics.Commits++
 	r.metrics.CommittedEpoch = target
+	if len(whole) > 0 {
+		r.metrics.WholeEpochs++
+	}
 	ev := CommitEvent{Epoch: target, Objects: len(fresh)}
 	for _, o := range fresh {
 		ev.Rows += o.Rows
@@ -650,6 +695,27 @@ func (r *Run) tryCommit() {
 	default:
 		// Maintenance is busy; it picks up the newest commit next round.
 	}
+}
+
+// promoteWhole returns objs with the segments of a whole-state epoch (one
+// per worker, together covering every key group) taking the place of every
+// object up to that epoch, as a compaction at that epoch would: they are
+// named compacted state, so a restore reads nothing older and compaction
+// counts from them.
+func promoteWhole(objs, whole []ObjectRef) []ObjectRef {
+	at := whole[0].LastEpoch
+	keep := make([]ObjectRef, 0, len(objs))
+	for _, o := range whole {
+		o.Kind = KindCompacted
+		keep = append(keep, o)
+	}
+	for _, o := range objs {
+		if o.LastEpoch > at {
+			keep = append(keep, o)
+		}
+	}
+	sortObjects(keep)
+	return keep
 }
 
 // ErrSuperseded is wrapped when a newer execution of the same flow has
@@ -785,7 +851,10 @@ type Metrics struct {
 	UploadSeconds       float64
 	BackpressureSeconds float64
 	Compactions         int64
-	ObjectsDeleted      int64
+	// WholeEpochs counts commits whose newest whole-state epoch (MarkWhole)
+	// took the place of a compaction.
+	WholeEpochs    int64
+	ObjectsDeleted int64
 	// LocalGCSeconds and CompactionSeconds are the background time spent
 	// collecting the local stores and compacting the durable store.
 	LocalGCSeconds    float64

@@ -248,9 +248,13 @@ class RecoveryRun:
         compaction is behind. ``last`` marks the final epoch of the run
         (:meth:`finish` comes next): it does not wait for compaction, which
         only bounds the growth of a run that goes on."""
-        self._stores[worker_index].snapshot(epoch)
+        store = self._stores[worker_index]
+        store.snapshot(epoch)
+        # In immediate mode an epoch's rows span several segments, so none
+        # of them alone is the whole state.
+        whole = not self._immediate and store.last_snapshot_whole
         try:
-            core().run_close_epoch(self._require(), worker_index, epoch, last)
+            core().run_close_epoch(self._require(), worker_index, epoch, last, whole)
         except core().CoreError as exc:
             raise_core_error(exc)
         if logger.isEnabledFor(logging.DEBUG):
@@ -277,10 +281,12 @@ class RecoveryRun:
             logger.info(
                 "flow %r execution %d finished: committed epoch %d, %d segments (%d bytes) uploaded, "
                 "commit latency p50 %.3f s p99 %.3f s, %.3f s waiting on back-pressure; "
-                "background: %.3f s local writes, %.3f s local GC, %d compactions in %.3f s",
+                "background: %.3f s local writes, %.3f s local GC, %d compactions in %.3f s, "
+                "%d whole-state epochs kept as compacted state",
                 self.flow_id, self.execution, m["committed_epoch"], m["segments_uploaded"], m["bytes_uploaded"],
                 m["commit_latency_p50"], m["commit_latency_p99"], m["backpressure_seconds"],
                 m["local_write_seconds"], m["local_gc_seconds"], m["compactions"], m["compaction_seconds"],
+                m.get("whole_epochs", 0),
             )
 
     def metrics(self) -> dict[str, Any]:

@@ -366,6 +366,9 @@ class StateStore(_LiveState):
         self._write: Callable[[int, list], int] = lambda epoch, rows: core().store_write(handle, epoch, rows)
         #: Seconds spent in the last snapshot: pickling (Python) and writing (Go).
         self.last_snapshot_timing: dict[str, float] = {"python": 0.0, "go": 0.0}
+        #: Whether the last snapshot wrote every key with state (see
+        #: :meth:`snapshot`).
+        self.last_snapshot_whole = False
 
     @classmethod
     def open(
@@ -428,7 +431,11 @@ class StateStore(_LiveState):
 
         ``.snapshot()`` is called on each touched object, the results are
         pickled and written in one transaction together with deletions of
-        discarded keys. If any object cannot be snapshotted or pickled,
+        discarded keys. Afterwards :attr:`last_snapshot_whole` tells whether
+        the batch was the store's whole state (every key with state was
+        touched, and no stored key is left unread): the recovery layer then
+        keeps that epoch as compacted state instead of compacting again.
+        If any object cannot be snapshotted or pickled,
         :class:`~millpond.errors.SnapshotError` names its step and key and
         nothing of the batch is written.
         """
@@ -450,11 +457,25 @@ class StateStore(_LiveState):
             raise_core_error(exc)
         t2 = time.perf_counter()
         self.last_snapshot_timing = {"python": t1 - t0, "go": t2 - t1}
+        self.last_snapshot_whole = self._touched_everything()
         # Keys written by this store stay live (they are never evicted), so
         # a miss can only be a key stored before it opened: steps first
         # written now never need a lookup on a miss.
         self._clear_dirty()
         return int(written)
+
+    def _touched_everything(self) -> bool:
+        """Whether the touched keys cover all state: every live key of every
+        step is touched, and every step with stored rows was read in full
+        (a stored key never read is state the batch would leave out)."""
+        for step_id in self._stored_steps:
+            if step_id not in self._live or step_id in self._maybe_stored:
+                return False
+        for step_id, live in self._live.items():
+            touched = self._dirty[step_id]
+            if len(touched) < len(live) or not live.keys() <= touched.keys():
+                return False
+        return True
 
     def hydrate_all(self, step_id: str, chunk_rows: int = 8192) -> int:
         """Build live objects for every stored key of ``step_id``; return how many.

@@ -1,0 +1,190 @@
+package durable_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/backup"
+	"github.com/millpond/millpond/gostore/durable"
+	"github.com/millpond/millpond/gostore/rowbatch"
+)
+
+// wholeRows rewrites every key of m at epoch e and deletes every fifth:
+// an epoch that holds a worker's whole state.
+func wholeRows(m model, e int64) []rowbatch.Row {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	rows := make([]rowbatch.Row, 0, len(keys))
+	for i, k := range keys {
+		step, key, _ := strings.Cut(k, "\x00")
+		r := rowbatch.Row{StepID: step, Key: key, Deleted: i%5 == 4}
+		if !r.Deleted {
+			r.Value = []byte(fmt.Sprintf("whole-%s-e%d", key, e))
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// A batch-mode epoch in which every worker wrote its whole state is
+// committed as compacted state in place of every older object, and the
+// state restored from it is the state a run that compacted would have.
+func TestWholeEpochTakesThePlaceOfOlderObjects(t *testing.T) {
+	cases := []struct {
+		name     string
+		workers  int
+		mode     durable.SnapshotMode
+		marked   func(w int) bool
+		promoted bool
+	}{
+		{"every worker whole", 2, durable.SnapshotBatch, func(int) bool { return true }, true},
+		{"one worker", 1, durable.SnapshotBatch, func(int) bool { return true }, true},
+		{"one of three workers not whole", 3, durable.SnapshotBatch, func(w int) bool { return w != 1 }, false},
+		{"immediate mode", 2, durable.SnapshotImmediate, func(int) bool { return true }, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			h := newHarness(t)
+			// No compaction by size: only a whole epoch may replace objects.
+			cfg := h.config(c.workers, func(cfg *durable.Config) {
+				cfg.Mode = c.mode
+				cfg.CompactMinBytes = 1 << 40
+			})
+			g := updatesGen(240, 0.2, true)
+			run, _ := h.open(cfg)
+			h.epochs(run, c.workers, 1, 3, g)
+
+			rows := wholeRows(h.m, 4)
+			for w, part := range route(rows, c.workers, h.kgc) {
+				require.NotEmpty(t, part, "worker %d", w)
+				_, err := run.Write(ctx, w, 4, part)
+				require.NoError(t, err)
+				if c.marked(w) {
+					run.MarkWhole(w, 4)
+				}
+			}
+			for w := 0; w < c.workers; w++ {
+				require.NoError(t, run.CloseEpoch(w, 4))
+			}
+			h.m.apply(rows)
+			h.hist.record(4, h.m)
+			h.epochs(run, c.workers, 5, 6, g)
+			require.NoError(t, run.Finish(false))
+			wantWhole := int64(0)
+			if c.promoted {
+				wantWhole = 1
+			}
+			assert.Equal(t, wantWhole, run.Metrics().WholeEpochs)
+			require.NoError(t, run.Close())
+
+			rec := readState(t, h.bk).Commit
+			var upTo4, compacted int
+			for _, o := range rec.Objects {
+				if o.LastEpoch <= 4 {
+					upTo4++
+				}
+				if o.Kind == durable.KindCompacted {
+					compacted++
+					assert.Equal(t, int64(4), o.LastEpoch, o.Key)
+				}
+			}
+			if c.promoted {
+				assert.Equal(t, c.workers, upTo4, "objects up to the whole epoch: one per worker")
+				assert.Equal(t, c.workers, compacted)
+			} else {
+				assert.Zero(t, compacted)
+				assert.Greater(t, upTo4, c.workers, "segments of epochs 1-4 are all still named")
+			}
+			assertNoGarbage(t, h.bk)
+
+			// Full resume reads the objects; fast resume the local store.
+			// Both must give the state as of epoch 6.
+			run, infos := h.open(h.config(c.workers))
+			assert.Equal(t, repeat(durable.ResumeFast, c.workers), kinds(infos))
+			requireModel(t, h.hist.at[6], stateOf(t, run, c.workers, h.kgc))
+			require.NoError(t, run.Close())
+			h.wipeLocal()
+			run, infos = h.open(h.config(c.workers))
+			assert.Equal(t, repeat(durable.ResumeFull, c.workers), kinds(infos))
+			requireModel(t, h.hist.at[6], stateOf(t, run, c.workers, h.kgc))
+		})
+	}
+}
+
+// gatedBackup holds back uploads of keys containing hold until open is
+// closed.
+type gatedBackup struct {
+	backup.Backup
+	hold string
+	open chan struct{}
+}
+
+func (g gatedBackup) Upload(ctx context.Context, path, key string) error {
+	if strings.Contains(key, g.hold) {
+		select {
+		case <-g.open:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return g.Backup.Upload(ctx, path, key)
+}
+
+// A whole epoch committed in one record with the epochs around it replaces
+// only what is older than itself: the later epochs stay named.
+func TestWholeEpochCommittedWithLaterEpochs(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	gate := gatedBackup{Backup: h.bk, hold: "-e0000000003-", open: make(chan struct{})}
+	cfg := h.config(2, func(cfg *durable.Config) {
+		cfg.CompactMinBytes = 1 << 40
+		cfg.Backup = gate
+	})
+	g := updatesGen(120, 0.25, true)
+	run, _ := h.open(cfg)
+	h.epochs(run, 2, 1, 2, g)
+	require.Eventually(t, func() bool { return run.Committed() == 2 }, waitFor, tick)
+	// Epoch 3's segments wait at the gate, so epochs 3-6 commit together.
+	for e := int64(3); e <= 6; e++ {
+		rows := g(e)
+		if e == 4 {
+			rows = wholeRows(h.m, e)
+		}
+		for w, part := range route(rows, 2, h.kgc) {
+			_, err := run.Write(ctx, w, e, part)
+			require.NoError(t, err)
+			if e == 4 {
+				run.MarkWhole(w, e)
+			}
+		}
+		for w := 0; w < 2; w++ {
+			require.NoError(t, run.CloseLastEpoch(w, e))
+		}
+		h.m.apply(rows)
+		h.hist.record(e, h.m)
+	}
+	assert.Equal(t, int64(2), run.Committed())
+	close(gate.open)
+	require.NoError(t, run.Finish(false))
+	assert.Equal(t, int64(1), run.Metrics().WholeEpochs)
+	require.NoError(t, run.Close())
+	rec := readState(t, h.bk).Commit
+	require.Equal(t, int64(6), rec.Epoch)
+	for _, o := range rec.Objects {
+		assert.GreaterOrEqual(t, o.LastEpoch, int64(4), "%s is older than the whole epoch", o.Key)
+		assert.Equal(t, o.LastEpoch == 4, o.Kind == durable.KindCompacted, o.Key)
+	}
+	h.wipeLocal()
+	run, _ = h.open(h.config(2))
+	requireModel(t, h.hist.at[6], stateOf(t, run, 2, h.kgc))
+}
