@@ -1093,3 +1093,19 @@ def test_stored_keys_not_read_in_full_keep_snapshots_partial_until_hydrate_all(t
         s.get("gone", "g")
         s.snapshot(4)
         assert s.last_snapshot_whole
+
+
+@pytest.mark.parametrize("touched, topped_up", [(10, True), (6, True), (5, True), (4, False), (0, False)])
+def test_whole_from_snapshots_the_untouched_keys_once_enough_are_touched(store, touched, topped_up):
+    for i in range(10):
+        store.set(STEP, f"k{i}", box(i))
+    store.snapshot(1)
+    store.whole_from = 0.5
+    for i in range(touched):
+        store.get(STEP, f"k{i}").value += 100
+    written = store.snapshot(2)
+    assert written == (10 if topped_up else touched)
+    assert store.last_snapshot_whole is topped_up
+    store.close()
+    with open_store(store.path.parents[2]) as s:
+        assert values(s) == {f"k{i}": i + 100 * (i < touched) for i in range(10)}

@@ -73,6 +73,12 @@ class SnapshotMode(enum.Enum):
 
 _GO_MODE = {SnapshotMode.BATCH: 0, SnapshotMode.IMMEDIATE: 1}
 
+# In batch mode, an epoch that touched at least this share of a worker's keys
+# snapshots the rest too: the epoch is then the worker's whole state, kept as
+# compacted state, where otherwise the segments of an epoch that rewrote most
+# of the state soon make a compaction due that writes all of it again.
+WHOLE_FROM = 0.5
+
 
 @dataclass(frozen=True)
 class RecoveryConfig:
@@ -228,10 +234,13 @@ class RecoveryRun:
         def write(epoch: int, rows: list) -> int:
             return c.run_write(run_handle, w, epoch, rows)
 
-        return StateStore._attach(
+        store = StateStore._attach(
             store_handle, self.flow_id, w, self.worker_count, self.key_group_count, self.resume_epoch,
             self.config.local_state_dir / self.flow_id / f"worker-{w:04d}" / "store.sqlite", write,
         )
+        if not self._immediate:
+            store.whole_from = WHOLE_FROM
+        return store
 
     def worker_store(self, worker_index: int) -> StateStore:
         """The state store of worker ``worker_index``, positioned at the resume epoch."""

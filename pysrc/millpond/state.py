@@ -369,6 +369,11 @@ class StateStore(_LiveState):
         #: Whether the last snapshot wrote every key with state (see
         #: :meth:`snapshot`).
         self.last_snapshot_whole = False
+        #: When set, a snapshot that touches at least this share of the live
+        #: keys snapshots the untouched ones too, so that the batch is the
+        #: whole state. The recovery run sets it in batch mode, where a whole
+        #: epoch spares a compaction that would rewrite all of it.
+        self.whole_from: Optional[float] = None
 
     @classmethod
     def open(
@@ -443,6 +448,8 @@ class StateStore(_LiveState):
         if type(epoch) is not int or epoch < 1:
             raise ValueError(f"snapshot epoch must be an int of at least 1 (epochs start at 1), got {epoch!r}")
         t0 = time.perf_counter()
+        if self.whole_from is not None:
+            self._top_up(self.whole_from)
         rows: Any
         try:
             # The fast path packs every row in C; on any failure the Python
@@ -463,6 +470,21 @@ class StateStore(_LiveState):
         # written now never need a lookup on a miss.
         self._clear_dirty()
         return int(written)
+
+    def _top_up(self, share: float) -> None:
+        """Touch every live key when at least ``share`` of them are touched
+        and the store has no stored key left unread: writing the rest costs
+        less than compacting what this batch already rewrote."""
+        if any(s not in self._live or s in self._maybe_stored for s in self._stored_steps):
+            return
+        live_keys = sum(len(live) for live in self._live.values())
+        touched = sum(len(t) for t in self._dirty.values())
+        if live_keys == 0 or touched >= live_keys or touched < share * live_keys:
+            return
+        for step_id, live in self._live.items():
+            dirty = self._dirty[step_id]
+            if len(dirty) < len(live):
+                dirty.update(dict.fromkeys(live.keys() - dirty.keys()))
 
     def _touched_everything(self) -> bool:
         """Whether the touched keys cover all state: every live key of every
