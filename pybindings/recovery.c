@@ -130,7 +130,8 @@ PyObject *mp_run_write_py(PyObject *self, PyObject *args) {
     int w;
     long long epoch;
     PyObject *rows;
-    if (!PyArg_ParseTuple(args, "KiLO", &h, &w, &epoch, &rows)) return NULL;
+    int whole = 0;
+    if (!PyArg_ParseTuple(args, "KiLO|p", &h, &w, &epoch, &rows, &whole)) return NULL;
     size_t len = 0;
     char *buf = mp_pack_rows(rows, &len);
     if (buf == NULL) return NULL;
@@ -138,7 +139,7 @@ PyObject *mp_run_write_py(PyObject *self, PyObject *args) {
     int kind = 0;
     char *msg = NULL;
     Py_BEGIN_ALLOW_THREADS
-    kind = mp_run_write(h, w, epoch, buf, len, &written, &kind, &msg);
+    kind = mp_run_write(h, w, epoch, buf, len, whole, &written, &kind, &msg);
     free(buf);
     Py_END_ALLOW_THREADS
     if (kind) return mp_raise(kind, msg);
@@ -149,9 +150,9 @@ PyObject *mp_run_close_epoch_py(PyObject *self, PyObject *args) {
     unsigned long long h;
     int w;
     long long epoch;
-    int last = 0, whole = 0;
-    if (!PyArg_ParseTuple(args, "KiL|pp", &h, &w, &epoch, &last, &whole)) return NULL;
-    CALL_GO(mp_run_close_epoch(h, w, epoch, last, whole, &kind, &msg));
+    int last = 0;
+    if (!PyArg_ParseTuple(args, "KiL|p", &h, &w, &epoch, &last)) return NULL;
+    CALL_GO(mp_run_close_epoch(h, w, epoch, last, &kind, &msg));
     Py_RETURN_NONE;
 }
 

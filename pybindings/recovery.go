@@ -108,7 +108,7 @@ func mp_run_start(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 }
 
 //export mp_run_write
-func mp_run_write(h C.uintptr_t, w C.int, epoch C.longlong, buf *C.char, n C.size_t,
+func mp_run_write(h C.uintptr_t, w C.int, epoch C.longlong, buf *C.char, n C.size_t, whole C.int,
 	written *C.longlong, errKind *C.int, errMsg **C.char) C.int {
 	run, err := lookup[*durable.Run](uintptr(h))
 	if err != nil {
@@ -125,7 +125,11 @@ func mp_run_write(h C.uintptr_t, w C.int, epoch C.longlong, buf *C.char, n C.siz
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	count, err := run.WriteOwned(context.Background(), int(w), int64(epoch), rows)
+	write := run.WriteOwned
+	if whole != 0 {
+		write = run.WriteOwnedWhole
+	}
+	count, err := write(context.Background(), int(w), int64(epoch), rows)
 	if err != nil {
 		return setErr(withKind(kindRecovery, err), errKind, errMsg)
 	}
@@ -134,13 +138,10 @@ func mp_run_write(h C.uintptr_t, w C.int, epoch C.longlong, buf *C.char, n C.siz
 }
 
 //export mp_run_close_epoch
-func mp_run_close_epoch(h C.uintptr_t, w C.int, epoch C.longlong, last, whole C.int, errKind *C.int, errMsg **C.char) C.int {
+func mp_run_close_epoch(h C.uintptr_t, w C.int, epoch C.longlong, last C.int, errKind *C.int, errMsg **C.char) C.int {
 	run, err := lookup[*durable.Run](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
-	}
-	if whole != 0 {
-		run.MarkWhole(int(w), int64(epoch))
 	}
 	if last != 0 {
 		return setErr(withKind(kindRecovery, run.CloseLastEpoch(int(w), int64(epoch))), errKind, errMsg)

@@ -17,9 +17,9 @@ printed.
 It drives a recovery run directly (the engine adds nothing to what is
 stored), pacing epochs the way a real epoch interval would so background
 compaction and GC get their turn. The serialized live state is measured the
-way the store holds it: the live state written in one epoch to a fresh
-flow, whose single segment is that state and whose local store is a compact
-local store of it.
+way the store holds it: the live state written to a fresh flow, whose
+segments are that state and whose local store is a compact local store of
+it (with the epoch index a store that takes partial epochs keeps).
 """
 
 from __future__ import annotations
@@ -61,9 +61,16 @@ def _reference(tmp: Path, final: dict) -> tuple[int, int]:
     run = open_recovery_run(RecoveryConfig(state, backup=str(backup), compact_min_bytes=1 << 40), "ref", 1)
     store = run.worker_store(0)
     store.register(STEP, Box)
-    for k, v in final.items():
-        store.get_or_build(STEP, k).v = v
-    run.close_epoch(0, 1)
+    # Two epochs, the second under half of the keys: the store then holds
+    # the state the way a store that takes partial epochs does, with the
+    # epoch index its GC uses. (One epoch would be a whole-state
+    # generation, which goes without it.)
+    items = sorted(final.items())
+    cut = len(items) * 3 // 5
+    for epoch, part in ((1, items[:cut]), (2, items[cut:])):
+        for k, v in part:
+            store.get_or_build(STEP, k).v = v
+        run.close_epoch(0, epoch)
     run.finish(False)
     run.close()
     return _dir_bytes(backup, "ref/segments/**/*"), _local_bytes(state, "ref")

@@ -58,8 +58,16 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 	committed := r.state.Commit.Epoch
 	info := RestoreInfo{Kind: ResumeFull}
 	marker := filepath.Join(localstore.WorkerDir(r.cfg.LocalDir, r.cfg.FlowID, w), rebuildMarker)
+	settleErr := error(nil)
+	if committed > 0 {
+		// A generation the last run left waiting is kept or dropped by
+		// whether its epoch committed, before the store is judged.
+		settleErr = localstore.Settle(ctx, r.cfg.LocalDir, r.cfg.FlowID, w, r.resume)
+	}
 	if committed == 0 {
 		info.Kind, info.Reason = ResumeFresh, "nothing committed yet"
+	} else if settleErr != nil {
+		info.Reason = fmt.Sprintf("no usable local store (%v)", settleErr)
 	} else if _, err := os.Stat(marker); err == nil {
 		info.Reason = "an earlier rebuild of the local store did not finish"
 	} else if meta, err := localstore.Inspect(ctx, r.cfg.LocalDir, r.cfg.FlowID, w); err != nil {

@@ -457,10 +457,36 @@ func (r *Run) Write(ctx context.Context, w int, epoch int64, rows []rowbatch.Row
 	return r.WriteOwned(ctx, w, epoch, copyRows(rows))
 }
 
+// WriteWhole is Write for a batch that is worker w's whole state at epoch:
+// every key it holds is written (or deleted) in it, and it is the worker's
+// only batch of the epoch. The local store starts a new generation with it
+// rather than collecting everything it supersedes, and when every worker's
+// epoch is whole in batch mode, the epoch's segments are committed as
+// compacted state (MarkWhole).
+func (r *Run) WriteWhole(ctx context.Context, w int, epoch int64, rows []rowbatch.Row) (int, error) {
+	if err := r.Err(); err != nil {
+		return 0, err
+	}
+	if r.pipes == nil {
+		return 0, errNotRunning
+	}
+	return r.WriteOwnedWhole(ctx, w, epoch, copyRows(rows))
+}
+
+// WriteOwnedWhole is WriteWhole for rows the caller hands over (see
+// WriteOwned).
+func (r *Run) WriteOwnedWhole(ctx context.Context, w int, epoch int64, batch []rowbatch.Row) (int, error) {
+	return r.writeOwned(ctx, w, epoch, batch, true)
+}
+
 // WriteOwned is Write for rows the caller hands over: they are not copied,
 // and must not be changed or reused afterwards (the local writer and the
 // segment pipe read them in the background).
 func (r *Run) WriteOwned(ctx context.Context, w int, epoch int64, batch []rowbatch.Row) (int, error) {
+	return r.writeOwned(ctx, w, epoch, batch, false)
+}
+
+func (r *Run) writeOwned(ctx context.Context, w int, epoch int64, batch []rowbatch.Row, whole bool) (int, error) {
 	if err := r.Err(); err != nil {
 		return 0, err
 	}
@@ -470,7 +496,12 @@ func (r *Run) WriteOwned(ctx context.Context, w int, epoch int64, batch []rowbat
 	for i := range batch {
 		batch[i].Epoch = epoch
 	}
-	if err := r.stores[w].WriteAsync(epoch, batch); err != nil {
+	write := r.stores[w].WriteAsync
+	if whole {
+		r.MarkWhole(w, epoch)
+		write = r.stores[w].WriteAsyncWhole
+	}
+	if err := write(epoch, batch); err != nil {
 		return 0, err
 	}
 	if len(batch) > 0 {
@@ -521,8 +552,9 @@ func copyRows(rows []rowbatch.Row) []rowbatch.Row {
 }
 
 // MarkWhole records that the rows worker w wrote at epoch are its whole
-// state: every key it holds was written (or deleted) in that epoch. Call it
-// before CloseEpoch. When every worker marks an epoch so, in batch mode, its
+// state: every key it holds was written (or deleted) in that epoch
+// (WriteWhole marks its epoch so). Call it before CloseEpoch. When every
+// worker marks an epoch so, in batch mode, its
 // segments are committed as compacted state that replaces every older
 // object: a flow that rewrites all its keys each epoch then never needs a
 // compaction pass that would write the same state a second time.
@@ -664,6 +696,12 @@ func (r *Run) tryCommit() {
 		return
 	}
 	r.record = rec
+	for _, s := range r.stores {
+		// A local store generation started at a whole epoch up to target
+		// may now replace the old one. (Before Committed reports target:
+		// whoever sees the commit finds the stores told.)
+		s.NoteCommitted(target)
+	}
 	r.mu.Lock()
 	for e := r.committed + 1; e <= target; e++ {
 		delete(r.epochs, e)

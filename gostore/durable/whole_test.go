@@ -67,11 +67,12 @@ func TestWholeEpochTakesThePlaceOfOlderObjects(t *testing.T) {
 			rows := wholeRows(h.m, 4)
 			for w, part := range route(rows, c.workers, h.kgc) {
 				require.NotEmpty(t, part, "worker %d", w)
-				_, err := run.Write(ctx, w, 4, part)
-				require.NoError(t, err)
+				write := run.Write
 				if c.marked(w) {
-					run.MarkWhole(w, 4)
+					write = run.WriteWhole
 				}
+				_, err := write(ctx, w, 4, part)
+				require.NoError(t, err)
 			}
 			for w := 0; w < c.workers; w++ {
 				require.NoError(t, run.CloseEpoch(w, 4))
@@ -161,11 +162,12 @@ func TestWholeEpochCommittedWithLaterEpochs(t *testing.T) {
 			rows = wholeRows(h.m, e)
 		}
 		for w, part := range route(rows, 2, h.kgc) {
-			_, err := run.Write(ctx, w, e, part)
-			require.NoError(t, err)
+			write := run.Write
 			if e == 4 {
-				run.MarkWhole(w, e)
+				write = run.WriteWhole
 			}
+			_, err := write(ctx, w, e, part)
+			require.NoError(t, err)
 		}
 		for w := 0; w < 2; w++ {
 			require.NoError(t, run.CloseLastEpoch(w, e))
@@ -187,4 +189,66 @@ func TestWholeEpochCommittedWithLaterEpochs(t *testing.T) {
 	h.wipeLocal()
 	run, _ = h.open(h.config(2))
 	requireModel(t, h.hist.at[6], stateOf(t, run, 2, h.kgc))
+}
+
+// Whole epochs every epoch, the way a flow that rewrites its state runs:
+// a run stopped at any point (here after each epoch's close, before or
+// after its commit) resumes fast to the committed state, and a finished
+// run leaves each local store holding one row per live key.
+func TestWholeEpochsStopAnywhereAndResume(t *testing.T) {
+	ctx := context.Background()
+	for stopAfter := int64(2); stopAfter <= 5; stopAfter++ {
+		t.Run(fmt.Sprintf("stop after epoch %d", stopAfter), func(t *testing.T) {
+			h := newHarness(t)
+			g := updatesGen(150, 0.2, true)
+			const workers = 2
+			run, _ := h.open(h.config(workers))
+			h.epochs(run, workers, 1, 1, g)
+			require.Eventually(t, func() bool { return run.Committed() == 1 }, waitFor, tick)
+			for e := int64(2); e <= stopAfter; e++ {
+				rows := wholeRows(h.m, e)
+				for w, part := range route(rows, workers, h.kgc) {
+					_, err := run.WriteWhole(ctx, w, e, part)
+					require.NoError(t, err)
+				}
+				for w := 0; w < workers; w++ {
+					require.NoError(t, run.CloseEpoch(w, e))
+				}
+				h.m.apply(rows)
+				h.hist.record(e, h.m)
+				if e < stopAfter {
+					// An epoch interval longer than a commit takes: each
+					// whole epoch finds the one before committed.
+					require.Eventually(t, func() bool { return run.Committed() == e }, waitFor, tick)
+				}
+			}
+			if stopAfter%2 == 0 {
+				// Killed: whatever committed by now is what comes back.
+				require.NoError(t, run.Close())
+			} else {
+				require.NoError(t, run.Finish(false))
+				for w := 0; w < workers; w++ {
+					st, err := run.Store(w).Stats(ctx)
+					require.NoError(t, err)
+					assert.Equal(t, st.Rows, st.Rows-st.Deletions, "no deletion kept")
+				}
+				require.NoError(t, run.Close())
+			}
+			committed := readState(t, h.bk).Commit.Epoch
+			run, infos := h.open(h.config(workers))
+			assert.Equal(t, repeat(durable.ResumeFast, workers), kinds(infos))
+			assert.Equal(t, committed+1, run.ResumeEpoch())
+			got := stateOf(t, run, workers, h.kgc)
+			requireModel(t, h.hist.at[committed], got)
+			var rows int64
+			for w := 0; w < workers; w++ {
+				st, err := run.Store(w).Stats(ctx)
+				require.NoError(t, err)
+				rows += st.Rows
+			}
+			if stopAfter%2 == 1 {
+				assert.Equal(t, int64(len(got)), rows, "one row per live key")
+			}
+		})
+	}
 }

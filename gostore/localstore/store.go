@@ -81,7 +81,14 @@ type Store struct {
 	mu   sync.Mutex
 	cfg  Config
 	file *snapfile.File
-	lock *lock
+	// next is a generation started by a whole-state write whose epoch has
+	// not committed yet (generation.go); while it exists, it is what
+	// writes and reads go to.
+	next *snapfile.File
+	// committed is the newest epoch the recovery run committed
+	// (NoteCommitted).
+	committed atomic.Int64
+	lock      *lock
 
 	// Asynchronous writes (WriteAsync) go through one goroutine in order;
 	// every read and synchronous write waits for them first.
@@ -103,6 +110,11 @@ type Store struct {
 	// ckptGate, when set, is called before a background checkpoint
 	// (SetCheckpointGate).
 	ckptGate atomic.Pointer[func()]
+	// passiveMu is held while a passive checkpoint has its own connection
+	// to a file open: a generation replaces the store's file only when no
+	// such connection is left on either file. Taken after mu, never
+	// before it.
+	passiveMu sync.Mutex
 
 	// writeNanos is the time spent in writes, for metrics.
 	writeNanos atomic.Int64
@@ -111,6 +123,9 @@ type Store struct {
 type asyncBatch struct {
 	epoch int64
 	rows  []rowbatch.Row
+	// whole marks a batch that is the worker's whole state; commit marks
+	// no batch, only a commit to act on.
+	whole, commit bool
 }
 
 // Open opens (or creates) the worker's store, taking its lock. With
@@ -135,6 +150,10 @@ func Open(ctx context.Context, cfg Config, resumeEpoch int64) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open local store %s: %w", wdir, err)
 	}
+	if err := settle(ctx, wdir, resumeEpoch); err != nil {
+		lk.release()
+		return nil, fmt.Errorf("open local store: %w", err)
+	}
 	s, err := openLocked(ctx, cfg, wdir, resumeEpoch)
 	if err != nil {
 		lk.release()
@@ -142,6 +161,15 @@ func Open(ctx context.Context, cfg Config, resumeEpoch int64) (*Store, error) {
 	}
 	s.lock = lk
 	return s, nil
+}
+
+// target is the file writes and reads go to: the waiting generation if
+// there is one. s.mu is held.
+func (s *Store) target() *snapfile.File {
+	if s.next != nil {
+		return s.next
+	}
+	return s.file
 }
 
 func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64) (*Store, error) {
@@ -171,7 +199,10 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 		return nil, fmt.Errorf("%w: cannot resume %s at epoch %d: superseded rows up to committed epoch %d were garbage-collected; rebuild it from the durable store",
 			ErrLayoutChanged, path, resumeEpoch, got.GCEpoch)
 	}
-	if resumeEpoch > 0 {
+	if resumeEpoch > 0 && got.LastEpoch >= resumeEpoch {
+		// Only when there is something to roll back: DeleteFrom builds
+		// the epoch index first, which a store of whole-state
+		// generations never needs otherwise.
 		if _, err := f.DeleteFrom(ctx, resumeEpoch); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("open local store: %w", err)
@@ -231,7 +262,7 @@ func Remove(dir, flowID string, worker int) error {
 		return fmt.Errorf("remove local store %s: %w", wdir, err)
 	}
 	defer lk.release()
-	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm"} {
+	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm", nextFileName, nextFileName + "-wal", nextFileName + "-shm"} {
 		if err := os.Remove(filepath.Join(wdir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove local store %s: %w", wdir, err)
 		}
@@ -252,15 +283,17 @@ func (s *Store) runCheckpoints() {
 			// writer's path. A failed fold is retried at the next kick
 			// (and GC folds first anyway).
 			s.mu.Lock()
-			if s.file != nil && s.file.RecentRows() >= foldRows {
-				s.file.FoldRecent(ctx)
+			f := s.target()
+			if f != nil && f.RecentRows() >= foldRows {
+				f.FoldRecent(ctx)
 			}
-			if s.file != nil {
+			if f != nil && s.next == nil {
 				// After a store's first write; GC and rollback would
-				// build it anyway.
-				s.file.EnsureIndex(ctx)
+				// build it anyway. (A waiting generation goes without:
+				// if the next write is whole too, it is never needed.)
+				f.EnsureIndex(ctx)
 			}
-			due := s.file != nil && s.file.NeedsCheckpoint()
+			due := f != nil && f.NeedsCheckpoint()
 			s.mu.Unlock()
 			if !due {
 				continue
@@ -270,11 +303,14 @@ func (s *Store) runCheckpoints() {
 			}
 			// The long copy runs beside writers; only the short truncation
 			// at the end takes the store's lock. A failed checkpoint only
-			// leaves the WAL longer.
-			s.file.CheckpointPassive(ctx)
+			// leaves the WAL longer, and one of a file a generation
+			// replaced meanwhile finds it gone.
+			s.passiveMu.Lock()
+			f.CheckpointPassive(ctx)
+			s.passiveMu.Unlock()
 			s.mu.Lock()
-			if s.file != nil {
-				s.file.Checkpoint(ctx)
+			if f := s.target(); f != nil {
+				f.Checkpoint(ctx)
 			}
 			s.mu.Unlock()
 		}
@@ -303,13 +339,14 @@ const foldRows = 4096
 // build the epoch index or checkpoint the WAL, whichever is due. The caller
 // holds s.mu.
 func (s *Store) maybeCheckpoint() {
-	if s.file.RecentRows() >= foldRows || s.file.IndexPending() {
+	f := s.target()
+	if f.RecentRows() >= foldRows || (s.next == nil && f.IndexPending()) {
 		select {
 		case s.kick <- struct{}{}:
 		default:
 		}
 	}
-	if !s.file.NeedsCheckpoint() {
+	if !f.NeedsCheckpoint() {
 		return
 	}
 	select {
@@ -318,8 +355,8 @@ func (s *Store) maybeCheckpoint() {
 		// A checkpoint is already pending and the WAL kept growing: when
 		// it is twice due, the writer checkpoints itself, which bounds the
 		// WAL however fast writes come.
-		if s.file.CheckpointOverdue() {
-			s.file.Checkpoint(context.Background())
+		if f.CheckpointOverdue() {
+			f.Checkpoint(context.Background())
 		}
 	}
 }
@@ -331,11 +368,16 @@ func (s *Store) Config() Config { return s.cfg }
 func (s *Store) Meta() snapfile.Meta {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.file.Meta()
+	if s.file == nil {
+		return snapfile.Meta{}
+	}
+	return s.target().Meta()
 }
 
 // Path returns the path of the store's snapshot file.
-func (s *Store) Path() string { return s.file.Path() }
+func (s *Store) Path() string {
+	return filepath.Join(WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex), FileName)
+}
 
 var errClosed = errors.New("local store is closed")
 
@@ -354,28 +396,81 @@ func (s *Store) Write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 // the durable segments do not depend on it, and a local store that lags
 // the committed epoch after a crash is rebuilt, never trusted.
 func (s *Store) WriteAsync(epoch int64, rows []rowbatch.Row) error {
+	return s.enqueue(asyncBatch{epoch: epoch, rows: rows})
+}
+
+// WriteAsyncWhole is WriteAsync for a batch that holds the worker's whole
+// state: every key with state is written (or deleted) in it. It starts a
+// new generation of the store instead of writing over the old one, which
+// spares collecting every row the batch supersedes; the new generation
+// replaces the old once epoch commits (NoteCommitted).
+func (s *Store) WriteAsyncWhole(epoch int64, rows []rowbatch.Row) error {
+	return s.enqueue(asyncBatch{epoch: epoch, rows: rows, whole: true})
+}
+
+// NoteCommitted tells the store that epoch is committed, so that a
+// generation waiting for it can replace the old one. It never waits: the
+// replacement happens after the queued writes, or at the next Flush.
+func (s *Store) NoteCommitted(epoch int64) {
+	for {
+		old := s.committed.Load()
+		if epoch <= old || s.committed.CompareAndSwap(old, epoch) {
+			break
+		}
+	}
+	s.asyncMu.Lock()
+	defer s.asyncMu.Unlock()
+	if s.async == nil {
+		return // nothing written yet (or closed): nothing waits
+	}
+	select {
+	case s.async <- asyncBatch{commit: true}:
+		// The writer counts it done under asyncMu, held here.
+		s.pending++
+	default:
+		// The writer is busy; it looks at the committed epoch after
+		// each batch anyway.
+	}
+}
+
+func (s *Store) enqueue(b asyncBatch) error {
 	s.asyncOnce.Do(func() {
-		s.async = make(chan asyncBatch, 4)
-		s.asyncDone = make(chan struct{})
-		go s.runAsync()
+		ch := make(chan asyncBatch, 4)
+		s.asyncMu.Lock()
+		s.async, s.asyncDone = ch, make(chan struct{})
+		s.asyncMu.Unlock()
+		go s.runAsync(ch, s.asyncDone)
 	})
 	s.asyncMu.Lock()
 	if err := s.asyncErr; err != nil {
 		s.asyncMu.Unlock()
 		return err
 	}
+	ch := s.async
 	s.pending++
 	s.asyncMu.Unlock()
-	s.async <- asyncBatch{epoch: epoch, rows: rows}
+	ch <- b
 	return nil
 }
 
-func (s *Store) runAsync() {
-	defer close(s.asyncDone)
-	for b := range s.async {
+func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
+	defer close(done)
+	for b := range ch {
 		var err error
 		if s.asyncError() == nil {
-			_, err = s.write(context.Background(), b.epoch, b.rows)
+			ctx := context.Background()
+			// A generation whose epoch committed since the last batch is
+			// promoted first, so a whole batch right behind it starts one
+			// of its own.
+			err = s.promoteCommitted(ctx)
+			switch {
+			case err != nil:
+			case b.commit:
+			case b.whole && len(b.rows) > 0:
+				_, err = s.writeWhole(ctx, b.epoch, b.rows)
+			default:
+				_, err = s.write(ctx, b.epoch, b.rows)
+			}
 		}
 		s.asyncMu.Lock()
 		if err != nil && s.asyncErr == nil {
@@ -395,11 +490,30 @@ func (s *Store) asyncError() error {
 	return s.asyncErr
 }
 
-// Flush waits until every queued background write is done and returns
-// the first one's error, if any.
+// Flush waits until every queued background write is done, and a
+// generation whose epoch committed has replaced the old one, and returns
+// the first error, if any.
 func (s *Store) Flush() error {
 	s.waitIdle()
-	return s.asyncError()
+	if err := s.asyncError(); err != nil {
+		return err
+	}
+	return s.promoteCommitted(context.Background())
+}
+
+func (s *Store) promoteCommitted(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maybePromote(ctx)
+}
+
+func (s *Store) writeWhole(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return 0, errClosed
+	}
+	return s.startGeneration(ctx, epoch, rows)
 }
 
 func (s *Store) waitIdle() {
@@ -416,8 +530,13 @@ func (s *Store) write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 	if s.file == nil {
 		return 0, errClosed
 	}
-	if m := s.file.Meta(); epoch < 1 || epoch < m.LastEpoch {
-		return 0, fmt.Errorf("write to %s at epoch %d: epochs start at 1 and never go back (last written: %d)", s.file.Path(), epoch, m.LastEpoch)
+	return s.writeLocked(ctx, epoch, rows)
+}
+
+func (s *Store) writeLocked(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
+	f := s.target()
+	if m := f.Meta(); epoch < 1 || epoch < m.LastEpoch {
+		return 0, fmt.Errorf("write to %s at epoch %d: epochs start at 1 and never go back (last written: %d)", f.Path(), epoch, m.LastEpoch)
 	}
 	for i := range rows {
 		// Only assign when needed: batches shared with other readers
@@ -427,15 +546,15 @@ func (s *Store) write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 		}
 	}
 	if len(rows) == 0 {
-		m := s.file.Meta()
+		m := f.Meta()
 		if epoch <= m.LastEpoch {
 			return 0, nil
 		}
 		m.LastEpoch = epoch
-		return 0, s.file.UpdateMeta(ctx, m)
+		return 0, f.UpdateMeta(ctx, m)
 	}
 	start := time.Now()
-	n, err := s.file.Write(ctx, rows)
+	n, err := f.Write(ctx, rows)
 	s.writeNanos.Add(int64(time.Since(start)))
 	if err == nil {
 		s.maybeCheckpoint()
@@ -458,7 +577,7 @@ func (s *Store) Restore(ctx context.Context, rows []rowbatch.Row) (int, error) {
 	if s.file == nil {
 		return 0, errClosed
 	}
-	return s.file.Write(ctx, rows)
+	return s.target().Write(ctx, rows)
 }
 
 // MarkRebuilt records that the store holds every row up to epoch and no
@@ -471,10 +590,11 @@ func (s *Store) MarkRebuilt(ctx context.Context, epoch int64) error {
 	if s.file == nil {
 		return errClosed
 	}
-	m := s.file.Meta()
+	f := s.target()
+	m := f.Meta()
 	m.LastEpoch = max(m.LastEpoch, epoch)
 	m.GCEpoch = max(m.GCEpoch, epoch)
-	return s.file.UpdateMeta(ctx, m)
+	return f.UpdateMeta(ctx, m)
 }
 
 // Get returns the newest row of (step, key); see snapfile.File.Get.
@@ -485,7 +605,7 @@ func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, 
 	if s.file == nil {
 		return rowbatch.Row{}, false, errClosed
 	}
-	return s.file.Get(ctx, step, key, 0)
+	return s.target().Get(ctx, step, key, 0)
 }
 
 // ScanPage returns one page of the newest rows; see snapfile.File.ScanPage.
@@ -498,7 +618,7 @@ func (s *Store) ScanPage(ctx context.Context, o snapfile.ScanOptions, cur snapfi
 	if s.file == nil {
 		return nil, cur, true, errClosed
 	}
-	return s.file.ScanPage(ctx, o, cur)
+	return s.target().ScanPage(ctx, o, cur)
 }
 
 // ScanPageFlushed is ScanPage without waiting for queued background
@@ -511,7 +631,7 @@ func (s *Store) ScanPageFlushed(ctx context.Context, o snapfile.ScanOptions, cur
 	if s.file == nil {
 		return nil, cur, true, errClosed
 	}
-	return s.file.ScanPage(ctx, o, cur)
+	return s.target().ScanPage(ctx, o, cur)
 }
 
 // ScanPagePacked is ScanPage returning the page packed; see
@@ -523,7 +643,7 @@ func (s *Store) ScanPagePacked(ctx context.Context, o snapfile.ScanOptions, cur 
 	if s.file == nil {
 		return nil, cur, true, errClosed
 	}
-	return s.file.ScanPagePacked(ctx, o, cur)
+	return s.target().ScanPagePacked(ctx, o, cur)
 }
 
 // Steps lists the step ids with rows.
@@ -534,7 +654,7 @@ func (s *Store) Steps(ctx context.Context) ([]string, error) {
 	if s.file == nil {
 		return nil, errClosed
 	}
-	return s.file.Steps(ctx)
+	return s.target().Steps(ctx)
 }
 
 // Stats counts the store's rows.
@@ -545,7 +665,7 @@ func (s *Store) Stats(ctx context.Context) (snapfile.Stats, error) {
 	if s.file == nil {
 		return snapfile.Stats{}, errClosed
 	}
-	return s.file.Stats(ctx)
+	return s.target().Stats(ctx)
 }
 
 // DeleteFrom rolls back rows at or after epoch.
@@ -556,15 +676,29 @@ func (s *Store) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
 	if s.file == nil {
 		return 0, errClosed
 	}
-	n, err := s.file.DeleteFrom(ctx, epoch)
+	if s.next != nil && s.next.Meta().FirstEpoch >= epoch {
+		// The whole generation is rolled back: drop it, and what the old
+		// file holds from epoch on with it.
+		path := s.next.Path()
+		err := s.next.Close()
+		s.next = nil
+		for _, p := range []string{path, path + "-wal", path + "-shm"} {
+			err = errors.Join(err, removeFile(p))
+		}
+		if err != nil {
+			return 0, fmt.Errorf("roll back %s to before epoch %d: %w", path, epoch, err)
+		}
+	}
+	f := s.target()
+	n, err := f.DeleteFrom(ctx, epoch)
 	if err != nil {
 		return 0, err
 	}
-	m := s.file.Meta()
+	m := f.Meta()
 	if m.LastEpoch >= epoch || m.GCEpoch >= epoch {
 		m.LastEpoch = min(m.LastEpoch, epoch-1)
 		m.GCEpoch = min(m.GCEpoch, epoch-1)
-		if err := s.file.UpdateMeta(ctx, m); err != nil {
+		if err := f.UpdateMeta(ctx, m); err != nil {
 			return 0, err
 		}
 	}
@@ -582,6 +716,14 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("gc %s: %w", s.file.Path(), err)
+	}
+	if err := s.maybePromote(ctx); err != nil {
+		return 0, err
+	}
+	if s.next != nil {
+		// The waiting generation replaces this file, superseded rows
+		// and all, once its epoch commits; it holds none itself.
+		return 0, nil
 	}
 	m := s.file.Meta()
 	n, err := s.file.GC(ctx, m.GCEpoch, committed)
@@ -605,10 +747,13 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 // lock. Closing twice is a no-op.
 func (s *Store) Close() error {
 	s.waitIdle()
-	if s.async != nil {
-		close(s.async)
-		<-s.asyncDone
-		s.async = nil
+	s.asyncMu.Lock()
+	ch, done := s.async, s.asyncDone
+	s.async = nil
+	s.asyncMu.Unlock()
+	if ch != nil {
+		close(ch)
+		<-done
 	}
 	if s.quit != nil {
 		close(s.quit)
@@ -620,10 +765,28 @@ func (s *Store) Close() error {
 	if s.file == nil {
 		return nil
 	}
+	// A generation whose epoch committed replaces the old file now; one
+	// that is still waiting stays on disk for the next open to settle.
+	perr := s.maybePromote(context.Background())
+	if s.file == nil {
+		if s.next != nil {
+			s.next.Close()
+			s.next = nil
+		}
+		s.lock.release()
+		return perr
+	}
 	// Best effort: a store that keeps free pages is still correct.
-	s.file.Reclaim(context.Background(), true)
+	s.target().Reclaim(context.Background(), true)
 	err := s.file.Close()
+	if s.next != nil {
+		err = errors.Join(err, s.next.Close())
+		s.next = nil
+	}
 	s.file = nil
+	if err == nil {
+		err = perr
+	}
 	if lerr := s.lock.release(); err == nil {
 		err = lerr
 	}

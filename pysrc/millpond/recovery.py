@@ -231,8 +231,8 @@ class RecoveryRun:
         self.restores.append(info)
         run_handle = self._handle
 
-        def write(epoch: int, rows: list) -> int:
-            return c.run_write(run_handle, w, epoch, rows)
+        def write(epoch: int, rows: list, whole: bool = False) -> int:
+            return c.run_write(run_handle, w, epoch, rows, whole)
 
         store = StateStore._attach(
             store_handle, self.flow_id, w, self.worker_count, self.key_group_count, self.resume_epoch,
@@ -257,13 +257,9 @@ class RecoveryRun:
         compaction is behind. ``last`` marks the final epoch of the run
         (:meth:`finish` comes next): it does not wait for compaction, which
         only bounds the growth of a run that goes on."""
-        store = self._stores[worker_index]
-        store.snapshot(epoch)
-        # In immediate mode an epoch's rows span several segments, so none
-        # of them alone is the whole state.
-        whole = not self._immediate and store.last_snapshot_whole
+        self._stores[worker_index].snapshot(epoch)
         try:
-            core().run_close_epoch(self._require(), worker_index, epoch, last, whole)
+            core().run_close_epoch(self._require(), worker_index, epoch, last)
         except core().CoreError as exc:
             raise_core_error(exc)
         if logger.isEnabledFor(logging.DEBUG):

@@ -1,0 +1,178 @@
+package localstore
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sort"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/snapfile"
+)
+
+func del(key string) rowbatch.Row {
+	return rowbatch.Row{StepID: "wc.count", Key: key, Deleted: true}
+}
+
+// contents is key -> value of every key the store shows.
+func contents(t *testing.T, s *Store) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	var cur snapfile.Cursor
+	for {
+		page, next, done, err := s.ScanPage(context.Background(), snapfile.ScanOptions{ChunkRows: 3}, cur)
+		require.NoError(t, err)
+		for _, r := range page {
+			out[r.Key] = string(r.Value)
+		}
+		if done {
+			return out
+		}
+		cur = next
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// stored opens a store with epochs 1-2 written: a=2 b=1 c=1.
+func stored(t *testing.T, dir string) *Store {
+	t.Helper()
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(dir), 0)
+	require.NoError(t, err)
+	_, err = s.Write(ctx, 1, []rowbatch.Row{put("a", "1"), put("b", "1"), put("c", "1")})
+	require.NoError(t, err)
+	_, err = s.Write(ctx, 2, []rowbatch.Row{put("a", "2")})
+	require.NoError(t, err)
+	return s
+}
+
+// A whole-state write starts a new generation: reads show only its keys
+// at once, and once its epoch commits it replaces the store's file, with
+// no older version or deletion left in it.
+func TestWholeWriteStartsAGenerationThatReplacesTheStoreOnCommit(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	wdir := WorkerDir(dir, "wc", 0)
+	s := stored(t, dir)
+	defer s.Close()
+	require.NoError(t, s.WriteAsyncWhole(3, []rowbatch.Row{put("a", "3"), put("d", "3"), del("b")}))
+	require.NoError(t, s.WriteAsync(4, []rowbatch.Row{put("d", "4")}))
+	require.NoError(t, s.Flush())
+	want := map[string]string{"a": "3", "d": "4"}
+	assert.Equal(t, want, contents(t, s), "c was not in the whole state: it has none")
+	_, found, err := s.Get(ctx, "wc.count", "c")
+	require.NoError(t, err)
+	assert.False(t, found)
+	assert.True(t, exists(filepath.Join(wdir, nextFileName)), "the generation waits for its epoch")
+	n, err := s.GC(ctx, 2)
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing to collect while a generation waits")
+
+	s.NoteCommitted(2)
+	require.NoError(t, s.Flush())
+	assert.True(t, exists(filepath.Join(wdir, nextFileName)), "epoch 3 is not committed yet")
+	s.NoteCommitted(3)
+	require.NoError(t, s.Flush())
+	assert.False(t, exists(filepath.Join(wdir, nextFileName)))
+	assert.Equal(t, want, contents(t, s))
+	m := s.Meta()
+	assert.Equal(t, int64(4), m.LastEpoch)
+	assert.Equal(t, int64(3), m.GCEpoch, "the generation held one row per key when it started")
+	st, err := s.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3), st.Rows, "a@3, d@3, d@4: the old file's rows are gone")
+	assert.Zero(t, st.Deletions)
+
+	// The store goes on as usual: GC collects what came after the
+	// generation started, and a reopen at the next epoch resumes it.
+	_, err = s.GC(ctx, 4)
+	require.NoError(t, err)
+	st, err = s.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), st.Rows)
+	require.NoError(t, s.Close())
+	s, err = Open(ctx, cfg(dir), 5)
+	require.NoError(t, err)
+	defer s.Close()
+	assert.Equal(t, want, contents(t, s))
+}
+
+// A run that stops while a generation waits leaves it on disk; the next
+// open keeps it if its epoch committed (the resume epoch is past it) and
+// drops it otherwise, rolling back to the old file.
+func TestWaitingGenerationIsSettledByTheResumeEpoch(t *testing.T) {
+	cases := []struct {
+		name   string
+		resume int64
+		want   map[string]string
+	}{
+		{"its epoch committed", 4, map[string]string{"a": "3", "d": "3"}},
+		{"no resume epoch keeps the newest rows", 0, map[string]string{"a": "3", "d": "3"}},
+		{"its epoch did not commit", 3, map[string]string{"a": "2", "b": "1", "c": "1"}},
+		{"nor the one before", 2, map[string]string{"a": "1", "b": "1", "c": "1"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			s := stored(t, dir)
+			require.NoError(t, s.WriteAsyncWhole(3, []rowbatch.Row{put("a", "3"), put("d", "3"), del("b")}))
+			require.NoError(t, s.Close())
+			s, err := Open(ctx, cfg(dir), c.resume)
+			require.NoError(t, err)
+			defer s.Close()
+			assert.Equal(t, c.want, contents(t, s))
+			assert.False(t, exists(filepath.Join(WorkerDir(dir, "wc", 0), nextFileName)))
+		})
+	}
+}
+
+// A generation whose write never finished (its file has the metadata but
+// not the rows) is never taken for the store, whatever the resume epoch.
+func TestUnfinishedGenerationIsDropped(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := stored(t, dir)
+	require.NoError(t, s.Close())
+	meta := snapfile.Meta{FlowID: "wc", Kind: snapfile.KindLocal, WorkerCount: 1, KeyGroupCount: 16, FirstEpoch: 3, GCEpoch: 3}
+	f, err := snapfile.Create(ctx, filepath.Join(WorkerDir(dir, "wc", 0), nextFileName), meta, snapfile.Options{})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, Settle(ctx, dir, "wc", 0, 9))
+	s, err = Open(ctx, cfg(dir), 9)
+	require.NoError(t, err)
+	defer s.Close()
+	assert.Equal(t, map[string]string{"a": "2", "b": "1", "c": "1"}, contents(t, s))
+}
+
+// Rolling back to the generation's epoch or before drops it with
+// everything it holds.
+func TestDeleteFromDropsAWaitingGeneration(t *testing.T) {
+	ctx := context.Background()
+	s := stored(t, t.TempDir())
+	defer s.Close()
+	require.NoError(t, s.WriteAsyncWhole(3, []rowbatch.Row{put("a", "3")}))
+	require.NoError(t, s.WriteAsync(4, []rowbatch.Row{put("e", "4")}))
+	_, err := s.DeleteFrom(ctx, 3)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"a": "2", "b": "1", "c": "1"}, contents(t, s))
+	assert.Equal(t, int64(2), s.Meta().LastEpoch)
+	_, err = s.Write(ctx, 3, []rowbatch.Row{put("b", "3")})
+	require.NoError(t, err)
+	got := contents(t, s)
+	keys := make([]string, 0, len(got))
+	for k := range got {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	assert.Equal(t, []string{"a", "b", "c"}, keys)
+	assert.Equal(t, "3", got["b"])
+}
