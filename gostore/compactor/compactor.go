@@ -158,7 +158,10 @@ func (c *Compactor) write(ctx context.Context, ev Event) error {
 		m.FirstEpoch, m.LastEpoch = ev.Epoch, ev.Epoch
 		path := filepath.Join(c.cfg.Dir, fmt.Sprintf("w%04d-e%010d-s%06d.sqlite", m.WorkerIndex, ev.Epoch, c.seq))
 		os.Remove(path) // a leftover of a crashed run is never uploaded; start over
-		f, err := snapfile.Create(ctx, path, m, snapfile.Options{Segment: true})
+		// A batch is usually the whole epoch's snapshot: its size says
+		// what the segment will hold.
+		opts := snapfile.Options{Segment: true, LargePages: len(ev.Rows) >= snapfile.LargePageRows}
+		f, err := snapfile.Create(ctx, path, m, opts)
 		if err != nil {
 			return fmt.Errorf("compactor: %w", err)
 		}

@@ -2,6 +2,8 @@ package compactor
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"path/filepath"
 	"testing"
 
@@ -107,4 +109,40 @@ func TestConfigErrors(t *testing.T) {
 	require.ErrorContains(t, err, "target")
 	_, err = New(Config{Mode: Batch})
 	require.ErrorContains(t, err, "directory")
+}
+
+// A segment whose first batch is large gets large pages; a small one keeps
+// small pages, so a quiet epoch's segment stays a few KiB.
+func TestSegmentPageSizeFollowsTheFirstBatch(t *testing.T) {
+	cases := []struct {
+		name string
+		rows int
+		page int
+	}{
+		{"small batch", 10, 1024},
+		{"large batch", snapfile.LargePageRows, snapfile.LargePageSize},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			keys := make([]string, c.rows)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("k%06d", i)
+			}
+			var got []Segment
+			comp, err := New(Config{Mode: Batch, Dir: t.TempDir(), Meta: meta(),
+				Emit: func(s Segment) error { got = append(got, s); return nil }})
+			require.NoError(t, err)
+			require.NoError(t, comp.Apply(ctx, Event{Epoch: 1, Rows: rows(keys...)}))
+			require.NoError(t, comp.Apply(ctx, Event{Epoch: 1, Close: true}))
+			require.NoError(t, comp.Close())
+			require.Len(t, got, 1)
+			db, err := sql.Open("sqlite", got[0].Path)
+			require.NoError(t, err)
+			defer db.Close()
+			var page int
+			require.NoError(t, db.QueryRow(`PRAGMA page_size`).Scan(&page))
+			assert.Equal(t, c.page, page)
+		})
+	}
 }

@@ -285,7 +285,8 @@ func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir
 		FlowID: r.cfg.FlowID, Kind: snapfile.KindCompacted, WorkerIndex: w, WorkerCount: r.cfg.WorkerCount,
 		KeyGroupCount: r.cfg.KeyGroupCount, Execution: r.execution, LastEpoch: c,
 	}
-	f, err := snapfile.Create(ctx, path, meta, snapfile.Options{Segment: true})
+	// A compacted object holds the whole state: never small.
+	f, err := snapfile.Create(ctx, path, meta, snapfile.Options{Segment: true, LargePages: true})
 	if err != nil {
 		return ObjectRef{}, err
 	}
