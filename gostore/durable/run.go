@@ -137,6 +137,10 @@ type Run struct {
 	objectsMu sync.Mutex
 	record    CommitRecord
 
+	// handoffs[w], under mu, is worker w's whole batch waiting for its
+	// segment to be staged as the local store's next generation.
+	handoffs []*handoff
+
 	progress  Progress
 	metrics   Metrics
 	commitLog []CommitEvent
@@ -168,6 +172,13 @@ type epochState struct {
 	// whole holds the workers whose rows of the epoch are their whole
 	// state (MarkWhole).
 	whole map[int]bool
+}
+
+// handoff carries the staged copy of a whole epoch's segment to the local
+// store's writer (localstore.Store.WriteAsyncStaged).
+type handoff struct {
+	epoch  int64
+	staged chan string
 }
 
 type uploadJob struct {
@@ -209,7 +220,8 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 	r := &Run{
 		cfg: cfg, state: st, execution: st.NextExecution(), resume: st.ResumeEpoch(),
 		stores: make([]*localstore.Store, cfg.WorkerCount), restores: make([]RestoreInfo, cfg.WorkerCount),
-		epochs: map[int64]*epochState{}, committed: st.Commit.Epoch, closedAll: st.Commit.Epoch,
+		handoffs: make([]*handoff, cfg.WorkerCount),
+		epochs:   map[int64]*epochState{}, committed: st.Commit.Epoch, closedAll: st.Commit.Epoch,
 		gcEpoch: st.Commit.Epoch,
 		record:  st.Commit,
 	}
@@ -302,6 +314,7 @@ func (r *Run) newCompactor(w int) (*compactor.Compactor, error) {
 			KeyGroupCount: r.cfg.KeyGroupCount, Execution: r.execution,
 		},
 		Emit: func(seg compactor.Segment) error {
+			r.stage(w, seg)
 			sum, size, err := fileSHA256(seg.Path)
 			if err != nil {
 				return fmt.Errorf("checksum segment %s: %w", seg.Path, err)
@@ -324,6 +337,40 @@ func (r *Run) newCompactor(w int) (*compactor.Compactor, error) {
 			}
 		},
 	})
+}
+
+// stage hands a copy of seg to worker w's local store when seg is the
+// segment of the whole batch the store waits for. The copy is made before
+// the segment is uploaded (an upload may move or delete it).
+func (r *Run) stage(w int, seg compactor.Segment) {
+	r.mu.Lock()
+	h := r.handoffs[w]
+	if h == nil || seg.Meta.FirstEpoch != h.epoch || seg.Meta.LastEpoch != h.epoch {
+		r.mu.Unlock()
+		return
+	}
+	r.handoffs[w] = nil
+	r.mu.Unlock()
+	defer close(h.staged)
+	if path, err := r.stores[w].StageGeneration(seg.Path); err == nil {
+		h.staged <- path
+	} else {
+		// The store writes the batch's rows instead.
+		r.cfg.Logger.Warn("staging a whole epoch's segment for the local store failed", "worker", w, "epoch", h.epoch, "err", err)
+	}
+}
+
+// dropHandoffs closes the handoffs no segment will fulfil (the pipes are
+// done), so the local stores write those batches' rows themselves.
+func (r *Run) dropHandoffs() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for w, h := range r.handoffs {
+		if h != nil {
+			close(h.staged)
+			r.handoffs[w] = nil
+		}
+	}
 }
 
 func (r *Run) epochLocked(e int64) *epochState {
@@ -500,6 +547,22 @@ func (r *Run) writeOwned(ctx context.Context, w int, epoch int64, batch []rowbat
 	if whole {
 		r.MarkWhole(w, epoch)
 		write = r.stores[w].WriteAsyncWhole
+		if r.cfg.Mode == SnapshotBatch && len(batch) > 0 {
+			// In batch mode the epoch's segment holds exactly this
+			// batch: the local store takes a copy of it (stage) rather
+			// than writing the rows a second time.
+			h := &handoff{epoch: epoch, staged: make(chan string, 1)}
+			r.mu.Lock()
+			old := r.handoffs[w]
+			r.handoffs[w] = h
+			r.mu.Unlock()
+			if old != nil {
+				close(old.staged)
+			}
+			write = func(epoch int64, rows []rowbatch.Row) error {
+				return r.stores[w].WriteAsyncStaged(epoch, rows, h.staged)
+			}
+		}
 	}
 	if err := write(epoch, batch); err != nil {
 		return 0, err
@@ -799,6 +862,7 @@ func (r *Run) Finish(aborted bool) error {
 	for _, p := range r.pipes {
 		<-p.done
 	}
+	r.dropHandoffs()
 	r.mu.Lock()
 	target := r.committed
 	for e := r.committed + 1; ; e++ {

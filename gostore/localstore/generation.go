@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -25,6 +26,97 @@ import (
 
 // nextFileName is the file of a generation waiting for its epoch to commit.
 const nextFileName = "store.next.sqlite"
+
+// stagedFileName is a copy of a whole epoch's segment (StageGeneration)
+// waiting for the writer to take it as the next generation.
+const stagedFileName = "store.staged.sqlite"
+
+// StageGeneration copies a sealed segment that holds exactly a whole-state
+// batch (WriteAsyncStaged) into the store's directory and returns the
+// copy's path, to be handed to the batch's writer. The segment is written
+// anyway, for the durable store; copying it, rather than writing the same
+// rows into a new file a second time, makes a whole epoch's local write
+// cost a file copy. The copy belongs to the store from then on.
+func (s *Store) StageGeneration(segment string) (string, error) {
+	dst := filepath.Join(WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex), stagedFileName)
+	if err := copyFile(segment, dst); err != nil {
+		removeFile(dst)
+		return "", fmt.Errorf("stage %s as the next generation of the local store: %w", segment, err)
+	}
+	return dst, nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// adoptStaged makes a staged copy of a whole epoch's segment the waiting
+// generation; rows are the same batch, written the slow way when a
+// generation already waits. s.mu is held.
+func (s *Store) adoptStaged(ctx context.Context, epoch int64, staged string, rows []rowbatch.Row) (int, error) {
+	if s.next != nil {
+		removeFile(staged)
+		return s.writeLocked(ctx, epoch, rows)
+	}
+	if m := s.file.Meta(); epoch < 1 || epoch < m.LastEpoch {
+		removeFile(staged)
+		return 0, fmt.Errorf("write to %s at epoch %d: epochs start at 1 and never go back (last written: %d)", s.file.Path(), epoch, m.LastEpoch)
+	}
+	start := time.Now()
+	wdir := WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex)
+	path := filepath.Join(wdir, nextFileName)
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		if err := removeFile(p); err != nil {
+			return 0, fmt.Errorf("adopt the next generation of the local store: %w", err)
+		}
+	}
+	if err := os.Rename(staged, path); err != nil {
+		return 0, fmt.Errorf("adopt the next generation of the local store: %w", err)
+	}
+	f, err := snapfile.Open(ctx, path, snapfile.Options{})
+	if err != nil {
+		removeFile(path)
+		return 0, fmt.Errorf("adopt the next generation of the local store: %w", err)
+	}
+	fail := func(err error) (int, error) {
+		f.Close()
+		for _, p := range []string{path, path + "-wal", path + "-shm"} {
+			removeFile(p)
+		}
+		return 0, fmt.Errorf("adopt the next generation of the local store: %w", err)
+	}
+	got, want := f.Meta(), s.file.Meta()
+	if got.FlowID != want.FlowID || got.KeyGroupCount != want.KeyGroupCount ||
+		got.WorkerIndex != want.WorkerIndex || got.WorkerCount != want.WorkerCount || got.LastEpoch != epoch {
+		return fail(fmt.Errorf("staged segment holds worker %d of %d of flow %q through epoch %d, not worker %d of %d of %q at %d",
+			got.WorkerIndex, got.WorkerCount, got.FlowID, got.LastEpoch, want.WorkerIndex, want.WorkerCount, want.FlowID, epoch))
+	}
+	// The file only counts as a generation once it is marked local, after
+	// its deletions are gone (settle drops it until then).
+	if _, err := f.DropDeletions(ctx); err != nil {
+		return fail(err)
+	}
+	want.FirstEpoch, want.LastEpoch, want.GCEpoch = epoch, epoch, epoch
+	if err := f.UpdateMeta(ctx, want); err != nil {
+		return fail(err)
+	}
+	s.next = f
+	s.writeNanos.Add(int64(time.Since(start)))
+	return len(rows), nil
+}
 
 // startGeneration writes a whole-state batch at epoch into a new
 // generation. With one already waiting, the batch is written into it like
@@ -125,6 +217,10 @@ func promote(wdir string) error {
 // its batch was written in full, and it is removed otherwise. The caller
 // holds the store's lock.
 func settle(ctx context.Context, wdir string, resumeEpoch int64) error {
+	// A staged copy is only ever taken by the writer that staged it.
+	if err := removeFile(filepath.Join(wdir, stagedFileName)); err != nil {
+		return fmt.Errorf("drop the staged generation of %s: %w", wdir, err)
+	}
 	next := filepath.Join(wdir, nextFileName)
 	if _, err := os.Stat(next); errors.Is(err, os.ErrNotExist) {
 		return nil

@@ -2,6 +2,7 @@ package localstore
 
 import (
 	"context"
+	"database/sql"
 	"os"
 	"path/filepath"
 	"sort"
@@ -136,21 +137,37 @@ func TestWaitingGenerationIsSettledByTheResumeEpoch(t *testing.T) {
 }
 
 // A generation whose write never finished (its file has the metadata but
-// not the rows) is never taken for the store, whatever the resume epoch.
+// not the rows), or a staged segment copy that was never marked local, is
+// never taken for the store, whatever the resume epoch.
 func TestUnfinishedGenerationIsDropped(t *testing.T) {
-	ctx := context.Background()
-	dir := t.TempDir()
-	s := stored(t, dir)
-	require.NoError(t, s.Close())
-	meta := snapfile.Meta{FlowID: "wc", Kind: snapfile.KindLocal, WorkerCount: 1, KeyGroupCount: 16, FirstEpoch: 3, GCEpoch: 3}
-	f, err := snapfile.Create(ctx, filepath.Join(WorkerDir(dir, "wc", 0), nextFileName), meta, snapfile.Options{})
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
-	require.NoError(t, Settle(ctx, dir, "wc", 0, 9))
-	s, err = Open(ctx, cfg(dir), 9)
-	require.NoError(t, err)
-	defer s.Close()
-	assert.Equal(t, map[string]string{"a": "2", "b": "1", "c": "1"}, contents(t, s))
+	cases := []struct {
+		name string
+		make func(t *testing.T, path string)
+	}{
+		{"rows never written", func(t *testing.T, path string) {
+			meta := snapfile.Meta{FlowID: "wc", Kind: snapfile.KindLocal, WorkerCount: 1, KeyGroupCount: 16, FirstEpoch: 3, GCEpoch: 3}
+			f, err := snapfile.Create(context.Background(), path, meta, snapfile.Options{})
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+		}},
+		{"segment copy not adopted", func(t *testing.T, path string) {
+			require.NoError(t, copyFile(segmentOf(t, 3, []rowbatch.Row{put("z", "3")}, 0), path))
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			s := stored(t, dir)
+			require.NoError(t, s.Close())
+			c.make(t, filepath.Join(WorkerDir(dir, "wc", 0), nextFileName))
+			require.NoError(t, Settle(ctx, dir, "wc", 0, 9))
+			s, err := Open(ctx, cfg(dir), 9)
+			require.NoError(t, err)
+			defer s.Close()
+			assert.Equal(t, map[string]string{"a": "2", "b": "1", "c": "1"}, contents(t, s))
+		})
+	}
 }
 
 // Rolling back to the generation's epoch or before drops it with
@@ -175,4 +192,87 @@ func TestDeleteFromDropsAWaitingGeneration(t *testing.T) {
 	sort.Strings(keys)
 	assert.Equal(t, []string{"a", "b", "c"}, keys)
 	assert.Equal(t, "3", got["b"])
+}
+
+// segmentOf writes rows at epoch into a sealed segment of worker 0 of
+// flow "wc", the way the compactor cuts one.
+func segmentOf(t *testing.T, epoch int64, rows []rowbatch.Row, worker int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "seg.sqlite")
+	meta := snapfile.Meta{FlowID: "wc", Kind: snapfile.KindSegment, WorkerIndex: worker, WorkerCount: 2, KeyGroupCount: 16,
+		FirstEpoch: epoch, LastEpoch: epoch}
+	if worker == 0 {
+		meta.WorkerCount = 1
+	}
+	f, err := snapfile.Create(context.Background(), path, meta, snapfile.Options{Segment: true})
+	require.NoError(t, err)
+	for i := range rows {
+		rows[i].Epoch = epoch
+	}
+	_, err = f.Write(context.Background(), rows)
+	require.NoError(t, err)
+	require.NoError(t, f.Seal())
+	return path
+}
+
+// A whole batch whose segment is staged becomes the next generation by
+// way of the segment's copy; when no copy comes, or the copy is not this
+// store's, the rows are written instead. Either way the store then shows
+// the whole state, and takes later writes and its commit as usual.
+func TestStagedWholeBatch(t *testing.T) {
+	whole := func() []rowbatch.Row { return []rowbatch.Row{put("a", "3"), put("d", "3"), del("b")} }
+	cases := []struct {
+		name    string
+		segment func(t *testing.T) string // "" sends nothing
+		adopted bool
+	}{
+		{"staged copy", func(t *testing.T) string { return segmentOf(t, 3, whole(), 0) }, true},
+		{"no copy", func(t *testing.T) string { return "" }, false},
+		{"another worker's segment", func(t *testing.T) string { return segmentOf(t, 3, whole(), 1) }, false},
+		{"another epoch's segment", func(t *testing.T) string { return segmentOf(t, 4, whole(), 0) }, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			dir := t.TempDir()
+			s := stored(t, dir)
+			defer s.Close()
+			staged := make(chan string, 1)
+			require.NoError(t, s.WriteAsyncStaged(3, whole(), staged))
+			if seg := c.segment(t); seg != "" {
+				path, err := s.StageGeneration(seg)
+				require.NoError(t, err)
+				staged <- path
+			}
+			close(staged)
+			require.NoError(t, s.WriteAsync(4, []rowbatch.Row{put("e", "4")}))
+			require.NoError(t, s.Flush())
+			want := map[string]string{"a": "3", "d": "3", "e": "4"}
+			assert.Equal(t, want, contents(t, s))
+			st, err := s.Stats(ctx)
+			require.NoError(t, err)
+			assert.Zero(t, st.Deletions)
+			assert.False(t, exists(filepath.Join(WorkerDir(dir, "wc", 0), stagedFileName)))
+			// The segment has 1 KiB pages, a store written afresh 4 KiB.
+			wantPage := 4096
+			if c.adopted {
+				wantPage = 1024
+			}
+			assert.Equal(t, wantPage, pageSize(t, filepath.Join(WorkerDir(dir, "wc", 0), nextFileName)))
+			s.NoteCommitted(3)
+			require.NoError(t, s.Flush())
+			assert.Equal(t, want, contents(t, s))
+			assert.Equal(t, int64(3), s.Meta().GCEpoch)
+		})
+	}
+}
+
+func pageSize(t *testing.T, path string) int {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?mode=ro")
+	require.NoError(t, err)
+	defer db.Close()
+	var page int
+	require.NoError(t, db.QueryRow(`PRAGMA page_size`).Scan(&page))
+	return page
 }

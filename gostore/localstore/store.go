@@ -126,6 +126,9 @@ type asyncBatch struct {
 	// whole marks a batch that is the worker's whole state; commit marks
 	// no batch, only a commit to act on.
 	whole, commit bool
+	// staged, for a whole batch, delivers the path of its segment's copy
+	// (StageGeneration), or is closed without one.
+	staged <-chan string
 }
 
 // Open opens (or creates) the worker's store, taking its lock. With
@@ -262,7 +265,7 @@ func Remove(dir, flowID string, worker int) error {
 		return fmt.Errorf("remove local store %s: %w", wdir, err)
 	}
 	defer lk.release()
-	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm", nextFileName, nextFileName + "-wal", nextFileName + "-shm"} {
+	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm", nextFileName, nextFileName + "-wal", nextFileName + "-shm", stagedFileName} {
 		if err := os.Remove(filepath.Join(wdir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove local store %s: %w", wdir, err)
 		}
@@ -408,6 +411,17 @@ func (s *Store) WriteAsyncWhole(epoch int64, rows []rowbatch.Row) error {
 	return s.enqueue(asyncBatch{epoch: epoch, rows: rows, whole: true})
 }
 
+// WriteAsyncStaged is WriteAsyncWhole for a batch whose segment will be
+// staged (StageGeneration) and its copy's path sent on staged: the writer
+// takes the copy as the new generation instead of writing the rows again.
+// If staged is closed without a path, the rows are written after all. The
+// writer waits for it in order with the other writes, so the caller must
+// make sure the segment gets sealed or staged closed (reads and Flush wait
+// for it too).
+func (s *Store) WriteAsyncStaged(epoch int64, rows []rowbatch.Row, staged <-chan string) error {
+	return s.enqueue(asyncBatch{epoch: epoch, rows: rows, whole: true, staged: staged})
+}
+
 // NoteCommitted tells the store that epoch is committed, so that a
 // generation waiting for it can replace the old one. It never waits: the
 // replacement happens after the queued writes, or at the next Flush.
@@ -466,6 +480,8 @@ func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
 			switch {
 			case err != nil:
 			case b.commit:
+			case b.staged != nil:
+				_, err = s.writeStaged(ctx, b)
 			case b.whole && len(b.rows) > 0:
 				_, err = s.writeWhole(ctx, b.epoch, b.rows)
 			default:
@@ -505,6 +521,25 @@ func (s *Store) promoteCommitted(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.maybePromote(ctx)
+}
+
+func (s *Store) writeStaged(ctx context.Context, b asyncBatch) (int, error) {
+	path, ok := <-b.staged
+	if !ok || path == "" {
+		return s.writeWhole(ctx, b.epoch, b.rows)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		removeFile(path)
+		return 0, errClosed
+	}
+	n, err := s.adoptStaged(ctx, b.epoch, path, b.rows)
+	if err != nil {
+		// The copy was the shortcut; the rows are the batch itself.
+		return s.startGeneration(ctx, b.epoch, b.rows)
+	}
+	return n, nil
 }
 
 func (s *Store) writeWhole(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {

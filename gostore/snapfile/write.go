@@ -324,6 +324,18 @@ func (f *File) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
 	return n, nil
 }
 
+// DropDeletions removes every deletion record, for a file that holds a
+// whole state (nothing older for a deletion to hide) and is about to
+// become a local store. It returns how many went.
+func (f *File) DropDeletions(ctx context.Context) (int64, error) {
+	res, err := f.db.ExecContext(ctx, `DELETE FROM snaps WHERE value IS NULL`)
+	if err != nil {
+		return 0, fmt.Errorf("drop deletions from %s: %w", f.path, err)
+	}
+	n, _ := res.RowsAffected()
+	return n, nil
+}
+
 // GC removes rows that can never be read again once epoch committed is
 // durable: every row superseded by a newer row at or before committed, and
 // deletion records at or before committed (nothing older is left for them
