@@ -1109,3 +1109,35 @@ def test_whole_from_snapshots_the_untouched_keys_once_enough_are_touched(store, 
     store.close()
     with open_store(store.path.parents[2]) as s:
         assert values(s) == {f"k{i}": i + 100 * (i < touched) for i in range(10)}
+
+
+# -- small states pickled in C ---------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+SMALL_EDGES = [0, 1, 255, 256, 65535, 65536, -1, -255, -256, -65536, 2**31 - 1, -(2**31), 2**31, -(2**31) - 1,
+               2**63, None, True, False, "x", 1.5, (1, 2)]
+
+
+def _roundtrip(tmp_path: Path, values: list) -> list:
+    """Snapshot ``values`` as the states of keys 0..n-1, reopen, read them back."""
+    with open_store(tmp_path) as s:
+        for i, v in enumerate(values):
+            s.set(STEP, str(i), box(v))
+        s.snapshot(1)
+    with open_store(tmp_path) as s:
+        return [s.get(STEP, str(i)).value for i in range(len(values))]
+
+
+def test_ints_none_and_bools_pickled_in_c_load_back_exactly(tmp_path):
+    got = _roundtrip(tmp_path, SMALL_EDGES)
+    assert got == SMALL_EDGES
+    assert [type(v) for v in got] == [type(v) for v in SMALL_EDGES], "True stays a bool, not 1"
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.one_of(st.integers(), st.none(), st.booleans()), min_size=1, max_size=40))
+def test_any_int_state_survives_a_snapshot(tmp_path_factory, values):
+    got = _roundtrip(tmp_path_factory.mktemp("ints"), values)
+    assert got == values and [type(v) for v in got] == [type(v) for v in values]
