@@ -365,6 +365,10 @@ func (r *Run) stage(w int, seg compactor.Segment) {
 func (r *Run) dropHandoffs() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.dropHandoffsLocked()
+}
+
+func (r *Run) dropHandoffsLocked() {
 	for w, h := range r.handoffs {
 		if h != nil {
 			close(h.staged)
@@ -388,6 +392,9 @@ func (r *Run) fail(err error) {
 		r.err = err
 		r.cfg.Logger.Error("recovery pipeline failed; nothing is committed past this point", "err", err)
 	}
+	// A failed pipe cuts no more segments: a local store waiting for one
+	// would hold up every read of it until the run finishes.
+	r.dropHandoffsLocked()
 	r.cond.Broadcast()
 	r.mu.Unlock()
 }
@@ -553,12 +560,17 @@ func (r *Run) writeOwned(ctx context.Context, w int, epoch int64, batch []rowbat
 			// than writing the rows a second time.
 			h := &handoff{epoch: epoch, staged: make(chan string, 1)}
 			r.mu.Lock()
-			old := r.handoffs[w]
-			r.handoffs[w] = h
-			r.mu.Unlock()
-			if old != nil {
+			if err := r.err; err != nil {
+				// fail dropped the handoffs already; this one would wait
+				// for a segment no pipe will cut.
+				r.mu.Unlock()
+				return 0, err
+			}
+			if old := r.handoffs[w]; old != nil {
 				close(old.staged)
 			}
+			r.handoffs[w] = h
+			r.mu.Unlock()
 			write = func(epoch int64, rows []rowbatch.Row) error {
 				return r.stores[w].WriteAsyncStaged(epoch, rows, h.staged)
 			}

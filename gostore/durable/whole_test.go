@@ -2,10 +2,12 @@ package durable_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -128,6 +130,8 @@ type gatedBackup struct {
 	backup.Backup
 	hold string
 	open chan struct{}
+	// fail, when set, is what the held uploads return once let through.
+	fail error
 }
 
 func (g gatedBackup) Upload(ctx context.Context, path, key string) error {
@@ -136,6 +140,9 @@ func (g gatedBackup) Upload(ctx context.Context, path, key string) error {
 		case <-g.open:
 		case <-ctx.Done():
 			return ctx.Err()
+		}
+		if g.fail != nil {
+			return g.fail
 		}
 	}
 	return g.Backup.Upload(ctx, path, key)
@@ -251,4 +258,39 @@ func TestWholeEpochsStopAnywhereAndResume(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A run that fails while a whole batch waits for its segment (the pipe
+// cuts no more) lets the local store write the batch's rows itself: reads
+// of the store do not hang until the run is finished.
+func TestFailedRunDoesNotHoldUpTheLocalStore(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	gate := gatedBackup{Backup: h.bk, hold: "-e0000000001-", open: make(chan struct{}), fail: errors.New("disk full")}
+	run, _ := h.open(h.config(1, func(cfg *durable.Config) {
+		cfg.Backup = gate
+		cfg.UploadAttempts = 1
+	}))
+	require.NoError(t, h.epoch(run, 1, 1, rowsOf([]string{"a", "b"}, "1", false)))
+	// Epoch 2's segment is not cut before its close, which comes after the
+	// failure.
+	_, err := run.WriteWhole(ctx, 0, 2, rowsOf([]string{"a", "b"}, "2", false))
+	require.NoError(t, err)
+	close(gate.open)
+	require.Eventually(t, func() bool { return run.Err() != nil }, waitFor, tick)
+	done := make(chan error, 1)
+	go func() {
+		r, found, err := run.Store(0).Get(ctx, "s", "a")
+		if err == nil && (!found || string(r.Value) != "2-a") {
+			err = fmt.Errorf("read %v %q", found, r.Value)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(waitFor):
+		t.Fatal("a read of the local store waits for a segment the failed run never cuts")
+	}
+	require.ErrorContains(t, run.CloseEpoch(0, 2), "disk full")
 }
