@@ -177,6 +177,7 @@ func (s *Store) maybePromote(ctx context.Context) error {
 	wdir := WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex)
 	s.passiveMu.Lock()
 	defer s.passiveMu.Unlock()
+	s.fileGen.Add(1)
 	// Both files are closed first: a closed file has its write-ahead log
 	// folded in, and a log must never outlive the file it belongs to.
 	oldErr := s.file.Close()

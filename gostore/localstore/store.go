@@ -113,8 +113,11 @@ type Store struct {
 	// passiveMu is held while a passive checkpoint has its own connection
 	// to a file open: a generation replaces the store's file only when no
 	// such connection is left on either file. Taken after mu, never
-	// before it.
+	// before it. fileGen counts the closings of a file behind target(),
+	// under passiveMu, so the checkpointer never opens a file that is gone
+	// (opening a missing path would create an empty one).
 	passiveMu sync.Mutex
+	fileGen   atomic.Int64
 
 	// writeNanos is the time spent in writes, for metrics.
 	writeNanos atomic.Int64
@@ -286,7 +289,7 @@ func (s *Store) runCheckpoints() {
 			// writer's path. A failed fold is retried at the next kick
 			// (and GC folds first anyway).
 			s.mu.Lock()
-			f := s.target()
+			f, gen := s.target(), s.fileGen.Load()
 			if f != nil && f.RecentRows() >= foldRows {
 				f.FoldRecent(ctx)
 			}
@@ -309,7 +312,9 @@ func (s *Store) runCheckpoints() {
 			// leaves the WAL longer, and one of a file a generation
 			// replaced meanwhile finds it gone.
 			s.passiveMu.Lock()
-			f.CheckpointPassive(ctx)
+			if s.fileGen.Load() == gen {
+				f.CheckpointPassive(ctx)
+			}
 			s.passiveMu.Unlock()
 			s.mu.Lock()
 			if f := s.target(); f != nil {
@@ -714,9 +719,12 @@ func (s *Store) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
 	if s.next != nil && s.next.Meta().FirstEpoch >= epoch {
 		// The whole generation is rolled back: drop it, and what the old
 		// file holds from epoch on with it.
+		s.passiveMu.Lock()
+		s.fileGen.Add(1)
 		path := s.next.Path()
 		err := s.next.Close()
 		s.next = nil
+		s.passiveMu.Unlock()
 		for _, p := range []string{path, path + "-wal", path + "-shm"} {
 			err = errors.Join(err, removeFile(p))
 		}
