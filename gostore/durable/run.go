@@ -170,7 +170,7 @@ type epochState struct {
 	closeAt  time.Time
 	closeSet bool
 	// whole holds the workers whose rows of the epoch are their whole
-	// state (MarkWhole).
+	// state (markWhole).
 	whole map[int]bool
 }
 
@@ -516,7 +516,7 @@ func (r *Run) Write(ctx context.Context, w int, epoch int64, rows []rowbatch.Row
 // only batch of the epoch. The local store starts a new generation with it
 // rather than collecting everything it supersedes, and when every worker's
 // epoch is whole in batch mode, the epoch's segments are committed as
-// compacted state (MarkWhole).
+// compacted state (markWhole).
 func (r *Run) WriteWhole(ctx context.Context, w int, epoch int64, rows []rowbatch.Row) (int, error) {
 	if err := r.Err(); err != nil {
 		return 0, err
@@ -552,7 +552,7 @@ func (r *Run) writeOwned(ctx context.Context, w int, epoch int64, batch []rowbat
 	}
 	write := r.stores[w].WriteAsync
 	if whole {
-		r.MarkWhole(w, epoch)
+		r.markWhole(w, epoch)
 		write = r.stores[w].WriteAsyncWhole
 		if r.cfg.Mode == SnapshotBatch && len(batch) > 0 {
 			// In batch mode the epoch's segment holds exactly this
@@ -626,14 +626,12 @@ func copyRows(rows []rowbatch.Row) []rowbatch.Row {
 	return out
 }
 
-// MarkWhole records that the rows worker w wrote at epoch are its whole
-// state: every key it holds was written (or deleted) in that epoch
-// (WriteWhole marks its epoch so). Call it before CloseEpoch. When every
-// worker marks an epoch so, in batch mode, its
-// segments are committed as compacted state that replaces every older
+// markWhole records that the rows worker w wrote at epoch are its whole
+// state (WriteWhole). When every worker marks an epoch so, in batch mode,
+// its segments are committed as compacted state that replaces every older
 // object: a flow that rewrites all its keys each epoch then never needs a
 // compaction pass that would write the same state a second time.
-func (r *Run) MarkWhole(w int, epoch int64) {
+func (r *Run) markWhole(w int, epoch int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	es := r.epochLocked(epoch)
@@ -965,7 +963,7 @@ type Metrics struct {
 	UploadSeconds       float64
 	BackpressureSeconds float64
 	Compactions         int64
-	// WholeEpochs counts commits whose newest whole-state epoch (MarkWhole)
+	// WholeEpochs counts commits whose newest whole-state epoch (markWhole)
 	// took the place of a compaction.
 	WholeEpochs    int64
 	ObjectsDeleted int64
