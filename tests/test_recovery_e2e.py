@@ -327,22 +327,28 @@ def test_a_builder_failing_on_a_stored_key_is_named_at_resume(tmp_path):
 # --- epochs that rewrite the whole state -----------------------------------------
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_epochs_that_touch_every_key_are_kept_as_compacted_state_and_resume_exactly(tmp_path, caplog, workers):
+@pytest.mark.parametrize(
+    "workers, n_keys, lose_local",
+    [(1, 12, True), (3, 12, True), (1, 1500, False), (2, 3000, True)],
+    ids=["1 worker", "3 workers", "local generations, fast resume", "local generations, full resume"],
+)
+def test_epochs_that_touch_every_key_are_kept_as_compacted_state_and_resume_exactly(
+    tmp_path, caplog, workers, n_keys, lose_local
+):
     """Every batch (one epoch each) updates every key: each worker's snapshot
     is its whole state, so the commit names those segments as compacted
-    state in place of everything older. Aborted twice and resumed from the
-    backup alone, the outputs and final state are those of a run that never
-    failed."""
+    state in place of everything older, and (from 1024 keys a worker) the
+    local store takes each such epoch as a new generation. Aborted twice and
+    resumed, from the local store or from the backup alone, the outputs and
+    final state are those of a run that never failed."""
     caplog.set_level(logging.INFO, logger="millpond")
     state, backup = tmp_path / "state", tmp_path / "backup"
     state.mkdir()
     cfg = RecoveryConfig(state, backup=DirBackup(backup), compact_min_bytes=1 << 40)
-    n_keys = 12
     data = [(f"k{j}", 1 + (i + j) % 3) for i in range(8) for j in range(n_keys)]
 
     def lose_disk(i: int) -> None:
-        if i > 0:
+        if i > 0 and lose_local:
             shutil.rmtree(state)
             state.mkdir()
 
@@ -363,4 +369,12 @@ def test_epochs_that_touch_every_key_are_kept_as_compacted_state_and_resume_exac
             assert {o["last_epoch"] for o in record["objects"]} == {record["epoch"]}
     result = {"data_outs": [x for run in per_run[:-1] for x in run], "probe": dict(per_run[-1])}
     check_against_uninterrupted(result, data)
-    assert all("full resume" in line for line in resume_lines(caplog)[1:])
+    kind = "full resume" if lose_local else "fast resume"
+    assert all(kind in line for line in resume_lines(caplog)[1:])
+    if not lose_local and n_keys >= 1024 * workers:
+        # The store is a copy of a whole epoch's segment (small segments
+        # have 1 KiB pages; a store written row by row has SQLite's 4 KiB).
+        import sqlite3
+
+        with sqlite3.connect(state / "counts" / "worker-0000" / "store.sqlite") as db:
+            assert db.execute("PRAGMA page_size").fetchone()[0] == 1024

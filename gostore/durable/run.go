@@ -67,7 +67,12 @@ type Config struct {
 	UploadWorkers int
 	// UploadAttempts per segment before the run fails. Default 5.
 	UploadAttempts int
-	Logger         *slog.Logger
+	// GenerationMinRows: a whole-state batch (WriteWhole) of at least this
+	// many rows starts a new generation of the local store; a smaller one
+	// is written in place, which costs less than a new file for a small
+	// state. Default 1024.
+	GenerationMinRows int
+	Logger            *slog.Logger
 }
 
 func (c *Config) defaults() error {
@@ -97,6 +102,9 @@ func (c *Config) defaults() error {
 	}
 	if c.UploadAttempts <= 0 {
 		c.UploadAttempts = 5
+	}
+	if c.GenerationMinRows <= 0 {
+		c.GenerationMinRows = 1024
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(discard{}, nil))
@@ -553,8 +561,10 @@ func (r *Run) writeOwned(ctx context.Context, w int, epoch int64, batch []rowbat
 	write := r.stores[w].WriteAsync
 	if whole {
 		r.markWhole(w, epoch)
+	}
+	if whole && len(batch) >= r.cfg.GenerationMinRows {
 		write = r.stores[w].WriteAsyncWhole
-		if r.cfg.Mode == SnapshotBatch && len(batch) > 0 {
+		if r.cfg.Mode == SnapshotBatch {
 			// In batch mode the epoch's segment holds exactly this
 			// batch: the local store takes a copy of it (stage) rather
 			// than writing the rows a second time.

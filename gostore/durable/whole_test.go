@@ -41,17 +41,21 @@ func wholeRows(m model, e int64) []rowbatch.Row {
 // committed as compacted state in place of every older object, and the
 // state restored from it is the state a run that compacted would have.
 func TestWholeEpochTakesThePlaceOfOlderObjects(t *testing.T) {
+	// generationMin 1: the whole batches start local store generations;
+	// 0 (the default, 1024 rows): these small ones are written in place.
 	cases := []struct {
-		name     string
-		workers  int
-		mode     durable.SnapshotMode
-		marked   func(w int) bool
-		promoted bool
+		name          string
+		workers       int
+		mode          durable.SnapshotMode
+		marked        func(w int) bool
+		promoted      bool
+		generationMin int
 	}{
-		{"every worker whole", 2, durable.SnapshotBatch, func(int) bool { return true }, true},
-		{"one worker", 1, durable.SnapshotBatch, func(int) bool { return true }, true},
-		{"one of three workers not whole", 3, durable.SnapshotBatch, func(w int) bool { return w != 1 }, false},
-		{"immediate mode", 2, durable.SnapshotImmediate, func(int) bool { return true }, false},
+		{"every worker whole", 2, durable.SnapshotBatch, func(int) bool { return true }, true, 1},
+		{"every worker whole, written in place", 2, durable.SnapshotBatch, func(int) bool { return true }, true, 0},
+		{"one worker", 1, durable.SnapshotBatch, func(int) bool { return true }, true, 1},
+		{"one of three workers not whole", 3, durable.SnapshotBatch, func(w int) bool { return w != 1 }, false, 1},
+		{"immediate mode", 2, durable.SnapshotImmediate, func(int) bool { return true }, false, 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -61,6 +65,7 @@ func TestWholeEpochTakesThePlaceOfOlderObjects(t *testing.T) {
 			cfg := h.config(c.workers, func(cfg *durable.Config) {
 				cfg.Mode = c.mode
 				cfg.CompactMinBytes = 1 << 40
+				cfg.GenerationMinRows = c.generationMin
 			})
 			g := updatesGen(240, 0.2, true)
 			run, _ := h.open(cfg)
@@ -157,6 +162,7 @@ func TestWholeEpochCommittedWithLaterEpochs(t *testing.T) {
 	cfg := h.config(2, func(cfg *durable.Config) {
 		cfg.CompactMinBytes = 1 << 40
 		cfg.Backup = gate
+		cfg.GenerationMinRows = 1
 	})
 	g := updatesGen(120, 0.25, true)
 	run, _ := h.open(cfg)
@@ -209,7 +215,7 @@ func TestWholeEpochsStopAnywhereAndResume(t *testing.T) {
 			h := newHarness(t)
 			g := updatesGen(150, 0.2, true)
 			const workers = 2
-			run, _ := h.open(h.config(workers))
+			run, _ := h.open(h.config(workers, func(cfg *durable.Config) { cfg.GenerationMinRows = 1 }))
 			h.epochs(run, workers, 1, 1, g)
 			require.Eventually(t, func() bool { return run.Committed() == 1 }, waitFor, tick)
 			for e := int64(2); e <= stopAfter; e++ {
@@ -270,6 +276,7 @@ func TestFailedRunDoesNotHoldUpTheLocalStore(t *testing.T) {
 	run, _ := h.open(h.config(1, func(cfg *durable.Config) {
 		cfg.Backup = gate
 		cfg.UploadAttempts = 1
+		cfg.GenerationMinRows = 1
 	}))
 	require.NoError(t, h.epoch(run, 1, 1, rowsOf([]string{"a", "b"}, "1", false)))
 	// Epoch 2's segment is not cut before its close, which comes after the
