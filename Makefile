@@ -45,7 +45,6 @@ govet:
 
 gotest:
 	go test -race -count=1 ./gostore/...
-	go test -count=1 ./pybindings
 
 gofuzz:
 	go test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZTIME) ./gostore/rowbatch

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
@@ -145,10 +144,6 @@ def run_millpond(kind: str, words: List[str], mode: str, tmp: Path) -> dict:
     if mode != "off":
         state = Path(tempfile.mkdtemp(prefix=f"mp-{kind}-{mode}-", dir=tmp))
         cfg = RecoveryConfig(state, snapshot_mode=SnapshotMode(mode))
-    # The previous run's files (an immediate-mode run leaves a thousand
-    # segments' worth) would otherwise be written back to disk during this
-    # one, and every fsync this run makes would queue behind them.
-    os.sync()
     t0 = time.perf_counter()
     run_main(flow, epoch_interval=INTERVAL, recovery_config=cfg)
     elapsed = time.perf_counter() - t0
