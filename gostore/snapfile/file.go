@@ -169,6 +169,16 @@ func Create(ctx context.Context, path string, meta Meta, o Options) (*File, erro
 }
 
 func (f *File) init(ctx context.Context) error {
+	if f.opts.Segment && f.opts.LargePages {
+		// A large segment may become a local store generation (a copy of
+		// it does): with incremental auto-vacuum, that store can hand the
+		// pages its GC frees back to the disk. Set here, after the page
+		// size: the driver applies DSN pragmas in its own order, and
+		// auto_vacuum first fixes the default page size.
+		if _, err := f.db.ExecContext(ctx, `PRAGMA auto_vacuum = INCREMENTAL`); err != nil {
+			return err
+		}
+	}
 	tx, err := f.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
