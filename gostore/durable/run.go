@@ -145,9 +145,10 @@ type Run struct {
 	objectsMu sync.Mutex
 	record    CommitRecord
 
-	// handoffs[w], under mu, is worker w's whole batch waiting for its
-	// segment to be staged as the local store's next generation.
-	handoffs []*handoff
+	// handoffs[w], under mu, are worker w's whole batches waiting for
+	// their segments to be staged as the local store's next generation,
+	// oldest first (the worker's pipe cuts segments in epoch order).
+	handoffs [][]*handoff
 
 	progress  Progress
 	metrics   Metrics
@@ -228,7 +229,7 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 	r := &Run{
 		cfg: cfg, state: st, execution: st.NextExecution(), resume: st.ResumeEpoch(),
 		stores: make([]*localstore.Store, cfg.WorkerCount), restores: make([]RestoreInfo, cfg.WorkerCount),
-		handoffs: make([]*handoff, cfg.WorkerCount),
+		handoffs: make([][]*handoff, cfg.WorkerCount),
 		epochs:   map[int64]*epochState{}, committed: st.Commit.Epoch, closedAll: st.Commit.Epoch,
 		gcEpoch: st.Commit.Epoch,
 		record:  st.Commit,
@@ -352,13 +353,20 @@ func (r *Run) newCompactor(w int) (*compactor.Compactor, error) {
 // the segment is uploaded (an upload may move or delete it).
 func (r *Run) stage(w int, seg compactor.Segment) {
 	r.mu.Lock()
-	h := r.handoffs[w]
-	if h == nil || seg.Meta.FirstEpoch != h.epoch || seg.Meta.LastEpoch != h.epoch {
-		r.mu.Unlock()
+	queue := r.handoffs[w]
+	for len(queue) > 0 && queue[0].epoch < seg.Meta.FirstEpoch {
+		close(queue[0].staged) // its epoch cut no segment of its own
+		queue = queue[1:]
+	}
+	var h *handoff
+	if len(queue) > 0 && queue[0].epoch == seg.Meta.FirstEpoch && seg.Meta.LastEpoch == seg.Meta.FirstEpoch {
+		h, queue = queue[0], queue[1:]
+	}
+	r.handoffs[w] = queue
+	r.mu.Unlock()
+	if h == nil {
 		return
 	}
-	r.handoffs[w] = nil
-	r.mu.Unlock()
 	defer close(h.staged)
 	if path, err := r.stores[w].StageGeneration(seg.Path); err == nil {
 		h.staged <- path
@@ -377,11 +385,11 @@ func (r *Run) dropHandoffs() {
 }
 
 func (r *Run) dropHandoffsLocked() {
-	for w, h := range r.handoffs {
-		if h != nil {
+	for w, queue := range r.handoffs {
+		for _, h := range queue {
 			close(h.staged)
-			r.handoffs[w] = nil
 		}
+		r.handoffs[w] = nil
 	}
 }
 
@@ -576,10 +584,7 @@ func (r *Run) writeOwned(ctx context.Context, w int, epoch int64, batch []rowbat
 				r.mu.Unlock()
 				return 0, err
 			}
-			if old := r.handoffs[w]; old != nil {
-				close(old.staged)
-			}
-			r.handoffs[w] = h
+			r.handoffs[w] = append(r.handoffs[w], h)
 			r.mu.Unlock()
 			write = func(epoch int64, rows []rowbatch.Row) error {
 				return r.stores[w].WriteAsyncStaged(epoch, rows, h.staged)

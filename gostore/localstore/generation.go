@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/millpond/millpond/gostore/backup"
@@ -27,9 +28,29 @@ import (
 // nextFileName is the file of a generation waiting for its epoch to commit.
 const nextFileName = "store.next.sqlite"
 
-// stagedFileName is a copy of a whole epoch's segment (StageGeneration)
-// waiting for the writer to take it as the next generation.
-const stagedFileName = "store.staged.sqlite"
+// stagedPattern names the copies of whole epochs' segments
+// (StageGeneration) waiting for the writer to take them as the next
+// generation, one per epoch: the pipe may stage the next epoch's before
+// the writer took this one's.
+const stagedPattern = "store.staged-*.sqlite"
+
+func stagedName(segment string) string {
+	return strings.Replace(stagedPattern, "*", strings.TrimSuffix(filepath.Base(segment), ".sqlite"), 1)
+}
+
+// removeStaged removes every staged copy in wdir.
+func removeStaged(wdir string) error {
+	stale, err := filepath.Glob(filepath.Join(wdir, stagedPattern))
+	if err != nil {
+		return err
+	}
+	for _, p := range stale {
+		if err := removeFile(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // StageGeneration copies a sealed segment that holds exactly a whole-state
 // batch (WriteAsyncStaged) into the store's directory and returns the
@@ -38,7 +59,7 @@ const stagedFileName = "store.staged.sqlite"
 // rows into a new file a second time, makes a whole epoch's local write
 // cost a file copy. The copy belongs to the store from then on.
 func (s *Store) StageGeneration(segment string) (string, error) {
-	dst := filepath.Join(WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex), stagedFileName)
+	dst := filepath.Join(WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex), stagedName(segment))
 	if err := copyFile(segment, dst); err != nil {
 		removeFile(dst)
 		return "", fmt.Errorf("stage %s as the next generation of the local store: %w", segment, err)
@@ -219,7 +240,7 @@ func promote(wdir string) error {
 // holds the store's lock.
 func settle(ctx context.Context, wdir string, resumeEpoch int64) error {
 	// A staged copy is only ever taken by the writer that staged it.
-	if err := removeFile(filepath.Join(wdir, stagedFileName)); err != nil {
+	if err := removeStaged(wdir); err != nil {
 		return fmt.Errorf("drop the staged generation of %s: %w", wdir, err)
 	}
 	next := filepath.Join(wdir, nextFileName)

@@ -252,7 +252,9 @@ func TestStagedWholeBatch(t *testing.T) {
 			st, err := s.Stats(ctx)
 			require.NoError(t, err)
 			assert.Zero(t, st.Deletions)
-			assert.False(t, exists(filepath.Join(WorkerDir(dir, "wc", 0), stagedFileName)))
+			left, err := filepath.Glob(filepath.Join(WorkerDir(dir, "wc", 0), stagedPattern))
+			require.NoError(t, err)
+			assert.Empty(t, left, "staged copies are taken or removed")
 			// The segment has 1 KiB pages, a store written afresh 4 KiB.
 			wantPage := 4096
 			if c.adopted {
@@ -275,4 +277,28 @@ func pageSize(t *testing.T, path string) int {
 	var page int
 	require.NoError(t, db.QueryRow(`PRAGMA page_size`).Scan(&page))
 	return page
+}
+
+// The pipe may stage the next whole epoch's segment before the writer took
+// the previous one: each staged copy stays its own.
+func TestTwoStagedEpochsInFlight(t *testing.T) {
+	dir := t.TempDir()
+	s := stored(t, dir)
+	defer s.Close()
+	third := []rowbatch.Row{put("a", "3"), put("d", "3")}
+	fourth := []rowbatch.Row{put("a", "4"), put("d", "4"), put("f", "4")}
+	ch3, ch4 := make(chan string, 1), make(chan string, 1)
+	require.NoError(t, s.WriteAsyncStaged(3, third, ch3))
+	require.NoError(t, s.WriteAsyncStaged(4, fourth, ch4))
+	p3, err := s.StageGeneration(segmentOf(t, 3, third, 0))
+	require.NoError(t, err)
+	p4, err := s.StageGeneration(segmentOf(t, 4, fourth, 0))
+	require.NoError(t, err)
+	ch3 <- p3
+	close(ch3)
+	ch4 <- p4
+	close(ch4)
+	require.NoError(t, s.Flush())
+	assert.Equal(t, map[string]string{"a": "4", "d": "4", "f": "4"}, contents(t, s))
+	assert.Equal(t, 1024, pageSize(t, filepath.Join(WorkerDir(dir, "wc", 0), nextFileName)), "epoch 3's copy was taken")
 }

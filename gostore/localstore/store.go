@@ -268,7 +268,10 @@ func Remove(dir, flowID string, worker int) error {
 		return fmt.Errorf("remove local store %s: %w", wdir, err)
 	}
 	defer lk.release()
-	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm", nextFileName, nextFileName + "-wal", nextFileName + "-shm", stagedFileName} {
+	if err := removeStaged(wdir); err != nil {
+		return fmt.Errorf("remove local store %s: %w", wdir, err)
+	}
+	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm", nextFileName, nextFileName + "-wal", nextFileName + "-shm"} {
 		if err := os.Remove(filepath.Join(wdir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove local store %s: %w", wdir, err)
 		}
