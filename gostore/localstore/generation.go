@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,8 +35,8 @@ const nextFileName = "store.next.sqlite"
 // the writer took this one's.
 const stagedPattern = "store.staged-*.sqlite"
 
-func stagedName(segment string) string {
-	return strings.Replace(stagedPattern, "*", strings.TrimSuffix(filepath.Base(segment), ".sqlite"), 1)
+func stagedName(n int64) string {
+	return strings.Replace(stagedPattern, "*", strconv.FormatInt(n, 10), 1)
 }
 
 // removeStaged removes every staged copy in wdir.
@@ -59,7 +60,7 @@ func removeStaged(wdir string) error {
 // rows into a new file a second time, makes a whole epoch's local write
 // cost a file copy. The copy belongs to the store from then on.
 func (s *Store) StageGeneration(segment string) (string, error) {
-	dst := filepath.Join(WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex), stagedName(segment))
+	dst := filepath.Join(WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex), stagedName(s.staged.Add(1)))
 	if err := copyFile(segment, dst); err != nil {
 		removeFile(dst)
 		return "", fmt.Errorf("stage %s as the next generation of the local store: %w", segment, err)

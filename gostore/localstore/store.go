@@ -88,7 +88,9 @@ type Store struct {
 	// committed is the newest epoch the recovery run committed
 	// (NoteCommitted).
 	committed atomic.Int64
-	lock      *lock
+	// staged numbers the staged segment copies (StageGeneration).
+	staged atomic.Int64
+	lock   *lock
 
 	// Asynchronous writes (WriteAsync) go through one goroutine in order;
 	// every read and synchronous write waits for them first.
