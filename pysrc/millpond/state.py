@@ -451,10 +451,9 @@ class StateStore(_LiveState):
         whole = self._make_whole(self.whole_from)
         rows: Any
         # Each pickle.dumps allocates a pickler the cyclic collector tracks,
-        # so a large snapshot set off collections of every generation, and
-        # a full one walks the whole heap (60-130 ms per 100k-key snapshot
-        # of a word count whose input sat in memory). Snapshotting creates
-        # no garbage cycles; collection waits until it is done.
+        # so a large snapshot would set off collections that walk the whole
+        # heap, for objects that are garbage at once and in no cycle.
+        # Collection waits until the snapshot is packed.
         collecting = _pygc.isenabled()
         _pygc.disable()
         try:
