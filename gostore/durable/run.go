@@ -516,15 +516,7 @@ var errNotRunning = errors.New("recovery run is not started or already finished"
 // Write stores a snapshot batch of worker w at epoch in its local store and
 // queues it for the worker's segment.
 func (r *Run) Write(ctx context.Context, w int, epoch int64, rows []rowbatch.Row) (int, error) {
-	if err := r.Err(); err != nil {
-		return 0, err
-	}
-	if r.pipes == nil {
-		return 0, errNotRunning
-	}
-	// The rows alias the caller's buffer; the local writer and the pipe
-	// outlive it, and share one copy (neither changes it).
-	return r.WriteOwned(ctx, w, epoch, copyRows(rows))
+	return r.writeCopy(ctx, w, epoch, rows, false)
 }
 
 // WriteWhole is Write for a batch that is worker w's whole state at epoch:
@@ -534,13 +526,19 @@ func (r *Run) Write(ctx context.Context, w int, epoch int64, rows []rowbatch.Row
 // epoch is whole in batch mode, the epoch's segments are committed as
 // compacted state (markWhole).
 func (r *Run) WriteWhole(ctx context.Context, w int, epoch int64, rows []rowbatch.Row) (int, error) {
+	return r.writeCopy(ctx, w, epoch, rows, true)
+}
+
+func (r *Run) writeCopy(ctx context.Context, w int, epoch int64, rows []rowbatch.Row, whole bool) (int, error) {
 	if err := r.Err(); err != nil {
 		return 0, err
 	}
 	if r.pipes == nil {
 		return 0, errNotRunning
 	}
-	return r.WriteOwnedWhole(ctx, w, epoch, copyRows(rows))
+	// The rows alias the caller's buffer; the local writer and the pipe
+	// outlive it, and share one copy (neither changes it).
+	return r.writeOwned(ctx, w, epoch, copyRows(rows), whole)
 }
 
 // WriteOwnedWhole is WriteWhole for rows the caller hands over (see
