@@ -118,6 +118,8 @@ class FakeRun:
         base = durable.state_at(durable.committed_epoch)
         self.stores = [FakeStore(base, w, worker_count) for w in range(worker_count)]
         self.pending: Dict[int, Dict[int, list]] = {}
+        # worker -> (epoch, rows) of its snapshot not yet closed
+        self.snapshots: Dict[int, Tuple[int, list]] = {}
         self.finished: Optional[bool] = None
         durable.events.append(("open", self.execution, self.resume_epoch))
         durable.runs.append(self)
@@ -128,10 +130,16 @@ class FakeRun:
     def activation_done(self, worker_index: int, epoch: int) -> None:
         pass
 
+    def snapshot_epoch(self, worker_index: int, epoch: int) -> None:
+        self.durable.events.append(("snapshot", worker_index, epoch))
+        self.snapshots[worker_index] = (epoch, self.stores[worker_index].snapshot(epoch))
+
     def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
         self.durable.events.append(("close", worker_index, epoch))
         self.durable.closes.append((worker_index, epoch, last))
-        rows = self.stores[worker_index].snapshot(epoch)
+        snap = self.snapshots.pop(worker_index, None)
+        assert snap is not None and snap[0] == epoch, f"worker {worker_index} closed epoch {epoch} without its snapshot"
+        rows = snap[1]
         closed = self.pending.setdefault(epoch, {})
         closed[worker_index] = rows
         if len(closed) == self.worker_count:

@@ -39,8 +39,10 @@ class LocalRun:
     def activation_done(self, w: int, epoch: int) -> None:
         pass
 
-    def close_epoch(self, w: int, epoch: int, last: bool = False) -> None:
+    def snapshot_epoch(self, w: int, epoch: int) -> None:
         self.stores[w].snapshot(epoch)
+
+    def close_epoch(self, w: int, epoch: int, last: bool = False) -> None:
         self.closed.setdefault(epoch, set()).add(w)
         if len(self.closed[epoch]) == self.worker_count:
             self.marker.write_text(str(epoch))

@@ -149,6 +149,8 @@ type Run struct {
 	// their segments to be staged as the local store's next generation,
 	// oldest first (the worker's pipe cuts segments in epoch order).
 	handoffs [][]*handoff
+	// held[w], under mu, is worker w's whole batch's held deletions.
+	held []*heldDeletions
 
 	progress  Progress
 	metrics   Metrics
@@ -181,6 +183,25 @@ type epochState struct {
 	// whole holds the workers whose rows of the epoch are their whole
 	// state (markWhole).
 	whole map[int]bool
+	// bare holds the whole workers that cut no segment of the epoch: no
+	// key left, and their deletions were dropped (or there were none).
+	bare map[int]bool
+	// dropped: some worker's deletions were dropped on the promise that
+	// the epoch is committed as compacted state (closeEpoch).
+	dropped bool
+}
+
+// heldDeletions are the deletions of a worker's whole batch in batch mode,
+// held back from its segment until the worker closes the epoch: if by then
+// every worker's batch is whole, the epoch's segments are committed as
+// compacted state, which holds nothing older for a deletion to hide, and
+// they are dropped. A flow whose keys all end at once (a final count at
+// EOF) then commits its last epoch without a segment of deletions.
+type heldDeletions struct {
+	epoch int64
+	rows  []rowbatch.Row
+	// live counts the batch's other rows (those sent to the segment).
+	live int
 }
 
 // handoff carries the staged copy of a whole epoch's segment to the local
@@ -230,6 +251,7 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 		cfg: cfg, state: st, execution: st.NextExecution(), resume: st.ResumeEpoch(),
 		stores: make([]*localstore.Store, cfg.WorkerCount), restores: make([]RestoreInfo, cfg.WorkerCount),
 		handoffs: make([][]*handoff, cfg.WorkerCount),
+		held:     make([]*heldDeletions, cfg.WorkerCount),
 		epochs:   map[int64]*epochState{}, committed: st.Commit.Epoch, closedAll: st.Commit.Epoch,
 		gcEpoch: st.Commit.Epoch,
 		record:  st.Commit,
@@ -561,19 +583,38 @@ func (r *Run) writeOwned(ctx context.Context, w int, epoch int64, batch []rowbat
 	if r.pipes == nil {
 		return 0, errNotRunning
 	}
+	deleted := 0
 	for i := range batch {
 		batch[i].Epoch = epoch
+		if batch[i].Deleted {
+			deleted++
+		}
 	}
 	write := r.stores[w].WriteAsync
+	segment := batch
 	if whole {
 		r.markWhole(w, epoch)
+		if r.cfg.Mode == SnapshotBatch {
+			var held []rowbatch.Row
+			segment, held = splitDeletions(batch, deleted)
+			r.mu.Lock()
+			earlier := r.held[w]
+			r.held[w] = &heldDeletions{epoch: epoch, rows: held, live: len(segment)}
+			r.mu.Unlock()
+			if earlier != nil && len(earlier.rows) > 0 {
+				// A second batch before the close (not what the engine
+				// does): the first one's deletions go first, in order.
+				r.pipes[w].events <- compactor.Event{Epoch: earlier.epoch, Rows: earlier.rows}
+			}
+		}
 	}
 	if whole && len(batch) >= r.cfg.GenerationMinRows {
 		write = r.stores[w].WriteAsyncWhole
-		if r.cfg.Mode == SnapshotBatch {
+		if r.cfg.Mode == SnapshotBatch && len(segment) > 0 {
 			// In batch mode the epoch's segment holds exactly this
 			// batch: the local store takes a copy of it (stage) rather
-			// than writing the rows a second time.
+			// than writing the rows a second time. (A batch of only
+			// deletions starts an empty generation: nothing to copy.)
 			h := &handoff{epoch: epoch, staged: make(chan string, 1)}
 			r.mu.Lock()
 			if err := r.err; err != nil {
@@ -592,10 +633,61 @@ func (r *Run) writeOwned(ctx context.Context, w int, epoch int64, batch []rowbat
 	if err := write(epoch, batch); err != nil {
 		return 0, err
 	}
-	if len(batch) > 0 {
-		r.pipes[w].events <- compactor.Event{Epoch: epoch, Rows: batch}
+	if len(segment) > 0 {
+		r.pipes[w].events <- compactor.Event{Epoch: epoch, Rows: segment}
 	}
 	return len(batch), nil
+}
+
+// splitDeletions returns batch's rows that are not deletions and those
+// that are, as two views of one new array (batch itself is left as it is:
+// the local store reads it). deleted is how many deletions batch holds.
+func splitDeletions(batch []rowbatch.Row, deleted int) (live, dels []rowbatch.Row) {
+	if deleted == 0 {
+		return batch, nil
+	}
+	out := make([]rowbatch.Row, len(batch))
+	n, d := 0, len(batch)-deleted
+	for i := range batch {
+		if batch[i].Deleted {
+			out[d] = batch[i]
+			d++
+		} else {
+			out[n] = batch[i]
+			n++
+		}
+	}
+	return out[:n:n], out[n:]
+}
+
+// releaseHeld settles worker w's held deletions of epoch as it closes it:
+// dropped when every worker's batch of the epoch is whole (the epoch will
+// be committed as compacted state, see wholeLocked), sent to the segment
+// otherwise. Workers close an epoch after all of them wrote it (the engine
+// snapshots every worker first), so the marks are complete by then; a
+// mark still missing only costs the deletions being written.
+func (r *Run) releaseHeld(w int, epoch int64) []rowbatch.Row {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h := r.held[w]
+	if h == nil || h.epoch != epoch {
+		return nil
+	}
+	r.held[w] = nil
+	es := r.epochLocked(epoch)
+	if len(es.whole) != r.cfg.WorkerCount {
+		return h.rows
+	}
+	if len(h.rows) > 0 {
+		es.dropped = true
+	}
+	if h.live == 0 {
+		if es.bare == nil {
+			es.bare = map[int]bool{}
+		}
+		es.bare[w] = true
+	}
+	return nil
 }
 
 // copyRows copies rows into one arena of their own. The strings view the
@@ -658,12 +750,12 @@ func (r *Run) markWhole(w int, epoch int64) {
 // worker: each marked it whole and cut exactly one segment (batch mode; an
 // immediate-mode epoch spans several). r.mu is held.
 func (r *Run) wholeLocked(es *epochState) bool {
-	if r.cfg.Mode != SnapshotBatch || len(es.whole) != r.cfg.WorkerCount || len(es.objects) != r.cfg.WorkerCount {
+	if r.cfg.Mode != SnapshotBatch || len(es.whole) != r.cfg.WorkerCount || len(es.objects)+len(es.bare) != r.cfg.WorkerCount {
 		return false
 	}
 	seen := map[int]bool{}
 	for _, o := range es.objects {
-		if seen[o.Worker] || !es.whole[o.Worker] {
+		if seen[o.Worker] || !es.whole[o.Worker] || es.bare[o.Worker] {
 			return false
 		}
 		seen[o.Worker] = true
@@ -709,6 +801,9 @@ func (r *Run) closeEpoch(w int, epoch int64, last bool) error {
 	if err := r.stores[w].WriteAsync(epoch, nil); err != nil {
 		return err
 	}
+	if dels := r.releaseHeld(w, epoch); len(dels) > 0 {
+		r.pipes[w].events <- compactor.Event{Epoch: epoch, Rows: dels}
+	}
 	r.pipes[w].events <- compactor.Event{Epoch: epoch, Close: true}
 	start := time.Now()
 	r.mu.Lock()
@@ -739,6 +834,8 @@ func (r *Run) tryCommit() {
 	r.mu.Lock()
 	target := r.committed
 	var fresh, whole []ObjectRef
+	var wholeAt int64
+	var broken error
 	var closeAt time.Time
 	for e := r.committed + 1; ; e++ {
 		es := r.epochs[e]
@@ -751,11 +848,21 @@ func (r *Run) tryCommit() {
 			closeAt = es.closeAt
 		}
 		if r.wholeLocked(es) {
-			whole = es.objects
+			whole, wholeAt = es.objects, e
+		} else if es.dropped && broken == nil {
+			// Its segments lack the deletions that only compacted state
+			// can do without: committed as plain segments they would
+			// bring deleted keys back.
+			broken = fmt.Errorf("epoch %d: deletions of a whole-state batch were dropped, but the epoch is not whole on every worker (%d of %d marked, %d segments); not committing it",
+				e, len(es.whole), r.cfg.WorkerCount, len(es.objects))
 		}
 	}
 	failed := r.err != nil
 	r.mu.Unlock()
+	if broken != nil {
+		r.fail(broken)
+		return
+	}
 	if target == r.committed || failed {
 		return
 	}
@@ -765,8 +872,8 @@ func (r *Run) tryCommit() {
 		Objects:       append(append([]ObjectRef{}, r.record.Objects...), fresh...),
 		CommittedUnix: time.Now().Unix(),
 	}
-	if len(whole) > 0 {
-		rec.Objects = promoteWhole(rec.Objects, whole)
+	if wholeAt > 0 {
+		rec.Objects = promoteWhole(rec.Objects, whole, wholeAt)
 	}
 	sortObjects(rec.Objects)
 	if err := r.checkNotSuperseded(r.ctx); err != nil {
@@ -796,7 +903,7 @@ func (r *Run) tryCommit() {
 	r.segmentBytes, r.compactedBytes = objectBytes(rec.Objects)
 	r.metrics.Commits++
 	r.metrics.CommittedEpoch = target
-	if len(whole) > 0 {
+	if wholeAt > 0 {
 		r.metrics.WholeEpochs++
 	}
 	ev := CommitEvent{Epoch: target, Objects: len(fresh)}
@@ -821,13 +928,13 @@ func (r *Run) tryCommit() {
 	}
 }
 
-// promoteWhole returns objs with the segments of a whole-state epoch (one
-// per worker, together covering every key group) taking the place of every
-// object up to that epoch, as a compaction at that epoch would: they are
-// named compacted state, so a restore reads nothing older and compaction
-// counts from them.
-func promoteWhole(objs, whole []ObjectRef) []ObjectRef {
-	at := whole[0].LastEpoch
+// promoteWhole returns objs with the segments of whole-state epoch at (at
+// most one per worker: a worker left without keys cuts none) taking the
+// place of every object up to that epoch, as a compaction at that epoch
+// would: they are named compacted state, so a restore reads nothing older
+// and compaction counts from them. With no segment at all the state is
+// empty at at, and so is the list up to it.
+func promoteWhole(objs, whole []ObjectRef, at int64) []ObjectRef {
 	keep := make([]ObjectRef, 0, len(objs))
 	for _, o := range whole {
 		o.Kind = KindCompacted

@@ -301,3 +301,121 @@ func TestFailedRunDoesNotHoldUpTheLocalStore(t *testing.T) {
 	}
 	require.ErrorContains(t, run.CloseEpoch(0, 2), "disk full")
 }
+
+// In a batch-mode epoch that is every worker's whole state, deletions are
+// held back until each worker closes the epoch and then dropped: compacted
+// state holds nothing older for them to hide. A worker left with no key
+// cuts no segment at all. Workers that close before the others wrote keep
+// their deletions (it is not known yet that the epoch is whole), and the
+// state restored is right in every case.
+func TestWholeEpochDropsItsDeletions(t *testing.T) {
+	cases := []struct {
+		name          string
+		workers       int
+		emptied       func(w int) bool // the worker's batch deletes every key it has
+		interleave    bool             // each worker closes before the next writes
+		generationMin int
+	}{
+		{"every worker emptied", 2, func(int) bool { return true }, false, 1},
+		{"every worker emptied, written in place", 2, func(int) bool { return true }, false, 0},
+		{"one worker emptied", 2, func(w int) bool { return w == 0 }, false, 1},
+		{"one worker, some deletions", 1, func(int) bool { return false }, false, 1},
+		{"closes interleaved with writes", 3, func(int) bool { return false }, true, 1},
+		{"closes interleaved, first worker emptied", 2, func(w int) bool { return w == 0 }, true, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			h := newHarness(t)
+			cfg := h.config(c.workers, func(cfg *durable.Config) {
+				cfg.CompactMinBytes = 1 << 40
+				cfg.GenerationMinRows = c.generationMin
+			})
+			g := updatesGen(240, 0.2, true)
+			run, _ := h.open(cfg)
+			h.epochs(run, c.workers, 1, 3, g)
+
+			parts := route(wholeRows(h.m, 4), c.workers, h.kgc)
+			var all []rowbatch.Row
+			live := make([]int64, c.workers)
+			deleted := make([]int64, c.workers)
+			for w, part := range parts {
+				require.NotEmpty(t, part, "worker %d", w)
+				for i := range part {
+					if c.emptied(w) {
+						part[i].Deleted, part[i].Value = true, nil
+					}
+					if part[i].Deleted {
+						deleted[w]++
+					} else {
+						live[w]++
+					}
+				}
+				require.NotZero(t, deleted[w], "worker %d", w)
+				all = append(all, part...)
+			}
+			for w, part := range parts {
+				_, err := run.WriteWhole(ctx, w, 4, part)
+				require.NoError(t, err)
+				if c.interleave {
+					require.NoError(t, run.CloseEpoch(w, 4))
+				}
+			}
+			if !c.interleave {
+				for w := 0; w < c.workers; w++ {
+					require.NoError(t, run.CloseEpoch(w, 4))
+				}
+			}
+			h.m.apply(all)
+			h.hist.record(4, h.m)
+			require.Eventually(t, func() bool { return run.Committed() == 4 }, waitFor, tick)
+			assert.Equal(t, int64(1), run.Metrics().WholeEpochs)
+
+			rec := readState(t, h.bk).Commit
+			got := map[int]durable.ObjectRef{}
+			for _, o := range rec.Objects {
+				require.Equal(t, int64(4), o.LastEpoch, o.Key)
+				assert.Equal(t, durable.KindCompacted, o.Kind, o.Key)
+				got[o.Worker] = o
+			}
+			for w := 0; w < c.workers; w++ {
+				// Only the last worker to write is sure to know the epoch
+				// whole when it closes, if closes interleave.
+				dropped := !c.interleave || w == c.workers-1
+				o, ok := got[w]
+				switch {
+				case dropped && live[w] == 0:
+					assert.False(t, ok, "worker %d has no key left: no segment", w)
+				case dropped:
+					require.True(t, ok, "worker %d", w)
+					assert.Equal(t, live[w], o.Rows, "worker %d: its deletions dropped", w)
+				default:
+					require.True(t, ok, "worker %d", w)
+					assert.Equal(t, live[w]+deleted[w], o.Rows, "worker %d: closed before the epoch was known whole", w)
+				}
+			}
+
+			require.NoError(t, run.Finish(false))
+			require.NoError(t, run.Close())
+			assertNoGarbage(t, h.bk)
+			resumeBoth := func(at int64) {
+				for _, wipe := range []bool{false, true} {
+					if wipe {
+						h.wipeLocal()
+					}
+					run, _ := h.open(h.config(c.workers))
+					requireModel(t, h.hist.at[at], stateOf(t, run, c.workers, h.kgc))
+					require.NoError(t, run.Close())
+				}
+			}
+			// The whole epoch itself, with the emptied workers empty; then
+			// the epochs after it on top.
+			resumeBoth(4)
+			run, _ = h.open(h.config(c.workers))
+			h.epochs(run, c.workers, 5, 6, g)
+			require.NoError(t, run.Finish(false))
+			require.NoError(t, run.Close())
+			resumeBoth(6)
+		})
+	}
+}

@@ -178,6 +178,8 @@ class RecoveryRun:
         self._backup_handle, self._owns_backup = core_handle_for(self._backup)
         self._handle: Optional[int] = None
         self._stores: list[StateStore] = []
+        # The epoch each worker last snapshotted (snapshot_epoch).
+        self._snapshotted = [0] * worker_count
         self.restores: list[dict[str, Any]] = []
         c = core()
         start = time.perf_counter()
@@ -251,13 +253,24 @@ class RecoveryRun:
         if self._immediate:
             self._stores[worker_index].snapshot(epoch)
 
-    def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
-        """Snapshot the worker's touched state at ``epoch`` and hand the epoch to
-        the commit pipeline; waits when too many epochs are still uploading or
-        compaction is behind. ``last`` marks the final epoch of the run
-        (:meth:`finish` comes next): it does not wait for compaction, which
-        only bounds the growth of a run that goes on."""
+    def snapshot_epoch(self, worker_index: int, epoch: int) -> None:
+        """Write the worker's touched state at ``epoch`` (see :meth:`close_epoch`).
+
+        Snapshotting every worker before closing any lets the commit
+        pipeline know, as each worker closes, whether the epoch holds every
+        worker's whole state: then the deletions in it are not written at
+        all (see docs/recovery.md)."""
         self._stores[worker_index].snapshot(epoch)
+        self._snapshotted[worker_index] = epoch
+
+    def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
+        """Hand the worker's ``epoch`` to the commit pipeline, snapshotting it
+        first unless :meth:`snapshot_epoch` did; waits when too many epochs
+        are still uploading or compaction is behind. ``last`` marks the
+        final epoch of the run (:meth:`finish` comes next): it does not wait
+        for compaction, which only bounds the growth of a run that goes on."""
+        if self._snapshotted[worker_index] != epoch:
+            self.snapshot_epoch(worker_index, epoch)
         try:
             core().run_close_epoch(self._require(), worker_index, epoch, last)
         except core().CoreError as exc:

@@ -191,6 +191,8 @@ def _epoch_loop(
                     _drain(workers, exchange, now)
         last = done_inputs == all_inputs
         for worker in workers:
+            worker.snapshot_epoch(epoch)
+        for worker in workers:
             worker.close_epoch(epoch, last)
         logger.debug("flow %r: closed epoch %d", plan.flow_id, epoch)
         if last:

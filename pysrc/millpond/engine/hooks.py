@@ -24,8 +24,14 @@ class RecoveryRun(Protocol):
     def activation_done(self, worker_index: int, epoch: int) -> None:
         """After an activation of stateful work (immediate snapshot mode)."""
 
+    def snapshot_epoch(self, worker_index: int, epoch: int) -> None:
+        """After the worker finished ``epoch`` and wrote its outputs: write
+        the state the epoch touched. Every worker's snapshot comes before
+        any worker's :meth:`close_epoch` of the epoch."""
+
     def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
-        """After the worker finished ``epoch`` and wrote its outputs.
+        """Hand the worker's snapshotted ``epoch`` to be committed (a run
+        may also snapshot here when :meth:`snapshot_epoch` was not called).
 
         ``last`` marks the run's final epoch (every input ended)."""
 
@@ -58,8 +64,11 @@ class EphemeralRun:
     def activation_done(self, worker_index: int, epoch: int) -> None:
         pass
 
-    def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
+    def snapshot_epoch(self, worker_index: int, epoch: int) -> None:
         self._stores[worker_index].snapshot(epoch)
+
+    def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
+        pass
 
     def finish(self, aborted: bool) -> None:
         pass

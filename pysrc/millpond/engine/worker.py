@@ -9,8 +9,9 @@ steps buffer what they receive and run in ``pump``, in topological order.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import datetime
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 from millpond.engine.clock import Clock
 from millpond.engine.exchange import Exchange, Message
@@ -153,13 +154,27 @@ class Worker:
         self.runtimes[step].on_upstream_eof(now)
         self._activation_done()
 
-    def close_epoch(self, epoch: int, last: bool = False) -> None:
-        """Record partition positions and hand the epoch to recovery
-        (``last``: every input ended, the run finishes after it)."""
+    def snapshot_epoch(self, epoch: int) -> None:
+        """Record partition positions and write the state ``epoch`` touched.
+
+        The driver snapshots every worker before it closes any (see
+        :meth:`close_epoch`): the recovery layer can then tell, as each
+        worker closes, whether the epoch is every worker's whole state."""
         for rt in self.runtimes:
             rt.before_snapshot()
-        try:
+        with self._user_snapshot(epoch):
+            self.run.snapshot_epoch(self.index, epoch)
+
+    def close_epoch(self, epoch: int, last: bool = False) -> None:
+        """Hand the snapshotted epoch to recovery (``last``: every input
+        ended, the run finishes after it)."""
+        with self._user_snapshot(epoch):
             self.run.close_epoch(self.index, epoch, last)
+
+    @contextmanager
+    def _user_snapshot(self, epoch: int) -> Iterator[None]:
+        try:
+            yield
         except SnapshotError as ex:
             # A state object's snapshot() failed or was not picklable: that
             # is user code, so it surfaces like any other user error.
