@@ -308,8 +308,9 @@ def test_resumed_end_of_input_runs_on_eof_for_every_stored_key(tmp_path, monkeyp
     # Every stored key's on_eof ran, with the state the first run left.
     assert sorted(out) == sorted((k, i + (1000 if k == "k0001" else 0)) for i, k in enumerate(keys))
     # The stored keys were built in one streaming pass (when the timers
-    # re-armed; the pass at EOF finds them all live), not one lookup each.
-    assert bulk and set(bulk) == {"totals.total"}
+    # re-armed; the pass at EOF finds them all live), not one lookup each;
+    # the input's positions too, all read when its partitions are built.
+    assert bulk and set(bulk) == {"totals.total", "totals.inp"}
 
 
 def test_a_builder_failing_on_a_stored_key_is_named_at_resume(tmp_path):
@@ -378,3 +379,47 @@ def test_epochs_that_touch_every_key_are_kept_as_compacted_state_and_resume_exac
 
         with sqlite3.connect(state / "counts" / "worker-0000" / "store.sqlite") as db:
             assert db.execute("PRAGMA page_size").fetchone()[0] == 1024
+
+
+def final_count_flow(items: Sequence[Any], out: List[Any], batch_size: int) -> Dataflow:
+    """Words -> ``(word, count)`` at the end of the input (``count_final``)."""
+    flow = Dataflow("final_counts")
+    s = op.input("inp", flow, TestingSource(items, batch_size=batch_size))
+    op.output("out", op.count_final("count", s, lambda w: w), TestingSink(out))
+    return flow
+
+
+@pytest.mark.parametrize("workers, lose_local", [(1, False), (2, False), (2, True)],
+                         ids=["1 worker", "2 workers", "2 workers, full resume"])
+def test_an_epoch_that_ends_every_key_commits_no_deletions(tmp_path, workers, lose_local):
+    """A final count drops every key at the end of its input: that last
+    epoch is every worker's whole state, so the commit names no segment of
+    deletions (only the small state left: the input's position), and the
+    run after it starts from empty counts, as a run that never failed."""
+    state, backup = tmp_path / "state", tmp_path / "backup"
+    state.mkdir()
+    cfg = RecoveryConfig(state, backup=DirBackup(backup))
+    first = [f"w{(i * 7) % 300}" for i in range(1200)]
+    second = [f"w{(i * 5) % 40}" for i in range(200)]
+    items = first[:700] + [ABORT()] + first[700:] + [EOF_()] + second + [EOF_()]
+    out: List[Any] = []
+    flow = final_count_flow(items, out, batch_size=100)
+    per_run = []
+    for i in range(3):
+        if lose_local and i > 0:
+            shutil.rmtree(state)
+            state.mkdir()
+        start = len(out)
+        cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=cfg, worker_count_per_proc=workers)
+        per_run.append(sorted(out[start:]))
+        if i == 1:
+            commits = sorted((backup / "final_counts" / "commits").glob("*.json"))
+            record = json.loads(commits[-1].read_text())
+            assert {o["kind"] for o in record["objects"]} <= {"compacted"}, record["objects"]
+            assert {o["last_epoch"] for o in record["objects"]} <= {record["epoch"]}
+            # The 300 deleted keys are in no object; what is left is the
+            # input partition's position, on the worker that reads it.
+            assert sum(o["rows"] for o in record["objects"]) == 1, record["objects"]
+    assert per_run[0] == []
+    assert per_run[1] == sorted(Counter(first).items())
+    assert per_run[2] == sorted(Counter(second).items())

@@ -43,6 +43,18 @@ class Hydrated:
         return self.state
 
 
+def _load_positions(store: Any, step_id: str) -> None:
+    """Make every stored position of ``step_id`` live at once.
+
+    A worker reads all of them anyway (one key per partition it owns), and
+    a step with no stored key left unread lets a snapshot that touches
+    every live key count as the worker's whole state (see
+    ``StateStore.snapshot``), which a per-key read never does."""
+    hydrate_all = getattr(store, "hydrate_all", None)
+    if hydrate_all is not None:
+        hydrate_all(step_id)
+
+
 def is_fixed_partitioned(obj: Any) -> bool:
     """True for a FixedPartitionedSource/Sink (has ``list_parts``)."""
     return callable(getattr(obj, "list_parts", None)) and callable(
@@ -98,6 +110,7 @@ class InputRuntime(StepRuntime):
         store = worker.store
         if self.fixed:
             store.register(self.step_id, Hydrated)
+            _load_positions(store, self.step_id)
             for name in _owned_parts(self, source):
                 if worker.owner_of(name) != worker.index:
                     continue
@@ -203,6 +216,7 @@ class OutputRuntime(StepRuntime):
         store = worker.store
         if self.fixed:
             store.register(self.step_id, Hydrated)
+            _load_positions(store, self.step_id)
             self.names = _owned_parts(self, sink)
             if not self.names:
                 ex = ValueError("list_parts returned no partitions")
