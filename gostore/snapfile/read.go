@@ -148,6 +148,11 @@ func (f *File) stepAtOrAfter(ctx context.Context, from string) (string, error) {
 	if err := f.db.QueryRowContext(ctx, q, from).Scan(&step); err != nil {
 		return "", fmt.Errorf("scan %s: %w", f.path, err)
 	}
+	// A damaged b-tree can answer with a smaller step id, and the walks
+	// over steps would then never end.
+	if step.Valid && step.String < from {
+		return "", fmt.Errorf("scan %s: %w: damaged index: step %q found at or after %q", f.path, ErrNotSnapshotFile, step.String, from)
+	}
 	return step.String, nil
 }
 
@@ -194,6 +199,11 @@ func (f *File) scanStepPage(ctx context.Context, o ScanOptions, step string, cur
 		lastKey = string(p.key(n - 1))
 	} else {
 		lastKey = after
+	}
+	// A full page must move the cursor forward; on a damaged b-tree it
+	// might not, and the scan would then read the same page forever.
+	if full && (lastKey < after || (lastKey == after && cur.After)) {
+		return nil, after, false, fmt.Errorf("scan %s: %w: damaged index: step %q key %q read after %q", f.path, ErrNotSnapshotFile, step, lastKey, after)
 	}
 	return p, lastKey, full, nil
 }
