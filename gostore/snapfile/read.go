@@ -151,7 +151,7 @@ func (f *File) stepAtOrAfter(ctx context.Context, from string) (string, error) {
 	// A damaged b-tree can answer with a smaller step id, and the walks
 	// over steps would then never end.
 	if step.Valid && step.String < from {
-		return "", fmt.Errorf("scan %s: %w: damaged index: step %q found at or after %q", f.path, ErrNotSnapshotFile, step.String, from)
+		return "", fmt.Errorf("scan %s: %w: damaged index: step %q returned for step ids >= %q", f.path, ErrNotSnapshotFile, step.String, from)
 	}
 	return step.String, nil
 }
