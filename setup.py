@@ -62,10 +62,16 @@ def show(version: tuple[int, int, int]) -> str:
 def find_go() -> str:
     """The path of a new enough `go`, or a one-line error saying what is needed."""
     need = go_mod_minimum()
-    advice = f"building millpond's Go core needs Go >= {show(need)} on PATH ({GO_DOWNLOAD}); or install a prebuilt wheel"
+
+    def advice(found: str = "") -> str:
+        return (
+            f"building millpond's Go core needs Go >= {show(need)} on PATH{found} ({GO_DOWNLOAD});"
+            " or install a prebuilt wheel"
+        )
+
     go = shutil.which("go")
     if go is None:
-        raise PlatformError(advice)
+        raise PlatformError(advice())
     # GOTOOLCHAIN=local: ask the installed go for its own version, never for
     # one it would download to satisfy go.mod.
     env = dict(os.environ, GOTOOLCHAIN="local")
@@ -74,14 +80,14 @@ def find_go() -> str:
             [go, "env", "GOVERSION"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError) as e:
-        raise PlatformError(f"{go} does not run ({e}): {advice}") from None
+        raise PlatformError(advice(f", but {go} does not run ({e})")) from None
     have = parse_go_version(found)
     if have is None:
-        raise PlatformError(f"{go} does not say its version (go env GOVERSION: {found!r}): {advice}")
+        raise PlatformError(advice(f", but {go} gives no version (go env GOVERSION: {found!r})"))
     # A user who set GOTOOLCHAIN (auto, go1.NN, ...) chose to let go fetch
     # the toolchain go.mod asks for; leave that to go.
     if have < need and os.environ.get("GOTOOLCHAIN", "local") == "local":
-        raise PlatformError(f"{advice} (found {found} at {go})")
+        raise PlatformError(advice(f", found {found} at {go}"))
     return go
 
 
