@@ -49,7 +49,8 @@ _TEST_AWS = {"AWS_ACCESS_KEY_ID": "millpond-bench", "AWS_SECRET_ACCESS_KEY": "mi
 if __name__ == "__main__" and not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
     sys.exit(subprocess.run([sys.executable, *sys.argv], env={**os.environ, **_TEST_AWS}).returncode)
 
-from millpond.recovery import RecoveryConfig, SnapshotMode, open_recovery_run  # noqa: E402
+from millpond.engine.recovery_run import open_recovery_run  # noqa: E402
+from millpond.recovery import RecoveryConfig, SnapshotMode  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 # The same ~100-byte state as the snapshot benchmark (run as a script, this

@@ -10,7 +10,7 @@ import pytest
 
 from millpond.backup import Backup, DirBackup, S3Backup, backup_from_uri
 
-from s3server import run_child, s3_server  # noqa: F401  (s3_server is a fixture)
+from helpers.s3server import run_child
 
 
 def _roundtrip(b, tmp_path: Path, prefix: str = "job") -> None:

@@ -431,7 +431,7 @@ class _AbortingFileSource(FileSource):
         self.abort_after = abort_after
 
     def build_part(self, step_id, for_part, resume_state):
-        from millpond.inputs import AbortExecution
+        from millpond.errors import AbortExecution
 
         inner = super().build_part(step_id, for_part, resume_state)
         src = self
@@ -458,7 +458,7 @@ def test_engine_file_to_file_flow_aborted_then_resumed_is_exactly_once(tmp_path,
     from millpond.dataflow import Dataflow
     from millpond.testing import run_main
 
-    from engine_fakes import FakeDurable, install
+    from helpers.engine_fakes import FakeDurable, install
 
     install(monkeypatch)
     lines = [f"line {i}" for i in range(17)]

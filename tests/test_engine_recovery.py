@@ -15,7 +15,7 @@ from millpond.errors import DataflowError
 from millpond.outputs import DynamicSink, StatelessSinkPartition
 from millpond.testing import TestingSink, TestingSource, cluster_main, run_main
 
-from engine_fakes import FakeDurable, install
+from helpers.engine_fakes import FakeDurable, install
 
 EOF_ = TestingSource.EOF
 ABORT = TestingSource.ABORT

@@ -26,6 +26,7 @@ class LocalRun:
         self.marker = marker
         self.resume_epoch = committed + 1
         self.execution = 0
+        self.key_group_count = state.DEFAULT_KEY_GROUP_COUNT
         self.worker_count = worker_count
         self.stores = [
             state.StateStore.open(directory, flow_id, w, worker_count, self.resume_epoch)

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import sys
 from collections import Counter
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import pytest
@@ -30,7 +27,7 @@ from millpond.dataflow import Dataflow
 from millpond.recovery import RecoveryConfig, SnapshotMode
 from millpond.testing import TestingSink, TestingSource, cluster_main
 
-from s3server import run_child, s3_server  # noqa: F401  (s3_server is a fixture)
+from helpers.s3server import run_child
 
 ABORT = TestingSource.ABORT
 EOF_ = TestingSource.EOF

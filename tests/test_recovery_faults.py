@@ -11,7 +11,7 @@ import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List
 
 import pytest
 
@@ -30,7 +30,7 @@ from test_recovery_e2e import (
     with_aborts,
 )
 
-from s3server import run_child
+from helpers.s3server import run_child
 
 PYSRC = str(Path(millpond.__file__).resolve().parent.parent)
 ZERO = timedelta(0)

@@ -31,6 +31,8 @@ from millpond.dataflow import Dataflow
 from millpond.recovery import RecoveryConfig, SnapshotMode
 from millpond.testing import TestingSink, TestingSource, run_main
 
+pytestmark = pytest.mark.slow  # a crash loop or a long run: skipped by `make test-fast`
+
 N_KEYS = 3000
 CHANGED = N_KEYS // 10
 EPOCHS = 110

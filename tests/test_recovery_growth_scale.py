@@ -28,7 +28,12 @@ import random
 import time
 from pathlib import Path
 
-from millpond.recovery import RecoveryConfig, open_recovery_run
+import pytest
+
+from millpond.engine.recovery_run import open_recovery_run
+from millpond.recovery import RecoveryConfig
+
+pytestmark = pytest.mark.slow  # a crash loop or a long run: skipped by `make test-fast`
 
 N_KEYS = 100_000
 CHANGED = N_KEYS // 10

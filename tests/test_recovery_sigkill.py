@@ -27,6 +27,8 @@ import millpond
 
 PYSRC = str(Path(millpond.__file__).resolve().parent.parent)
 
+pytestmark = pytest.mark.slow  # crash loops: skipped by `make test-fast`
+
 FLOW = """
 import time
 import millpond.operators as op

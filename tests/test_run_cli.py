@@ -58,8 +58,6 @@ def engine(monkeypatch):
         if calls.raise_exc is not None:
             raise calls.raise_exc
 
-    testing = types.ModuleType("millpond.testing")
-    testing.cluster_main = cluster_main
 
     class SnapshotMode(Enum):
         BATCH = "batch"
@@ -74,7 +72,9 @@ def engine(monkeypatch):
     recovery = types.ModuleType("millpond.recovery")
     recovery.RecoveryConfig = RecoveryConfig
     recovery.SnapshotMode = SnapshotMode
-    monkeypatch.setitem(sys.modules, "millpond.testing", testing)
+    import millpond.engine
+
+    monkeypatch.setattr(millpond.engine, "cluster_main", cluster_main)
     monkeypatch.setitem(sys.modules, "millpond.recovery", recovery)
     for var in [v for _d, v, _c in run._ENV]:
         monkeypatch.delenv(var, raising=False)

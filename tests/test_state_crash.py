@@ -23,7 +23,7 @@ import pytest
 from millpond.errors import StoreLockedError
 from millpond.state import StateStore
 
-CHILD = Path(__file__).with_name("state_child.py")
+CHILD = Path(__file__).parent / "helpers" / "state_child.py"
 _spec = importlib.util.spec_from_file_location("millpond_tests_state_child", CHILD)
 assert _spec is not None and _spec.loader is not None
 child_mod = importlib.util.module_from_spec(_spec)
@@ -123,6 +123,7 @@ def _committed(line: str) -> int:
     return int(epoch)
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_leaves_exactly_the_last_written_epoch(tmp_path, children):
     seed = int.from_bytes(os.urandom(4), "big")
     rng = random.Random(seed)

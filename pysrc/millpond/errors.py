@@ -18,6 +18,7 @@ __all__ = [
     "BackupError",
     "CorruptObjectError",
     "AbortExecution",
+    "keyed_item_error",
 ]
 
 
@@ -58,9 +59,26 @@ class CorruptObjectError(RecoveryError):
     """A durable or local object failed its checksum or format check."""
 
 
-class AbortExecution(Exception):
-    """Raised by a source partition to stop the execution at once, as a crash
-    would: no ``on_eof``, no further snapshot, no error for the caller.
-    Epochs closed before it still finish committing. ``TestingSource.ABORT()``
-    uses it to test recovery.
+class AbortExecution(RuntimeError):
+    """Raise from a source partition's ``next_batch`` to stop the execution
+    at once, as a crash would: no ``on_eof``, no further snapshot, no error
+    for the caller. Epochs closed before it still finish committing, nothing
+    after the last committed epoch survives. It exists for tests of
+    recovery; ``TestingSource.ABORT()`` is the usual way to use it.
+    ``millpond.inputs.AbortExecution`` is this same class.
     """
+
+
+def keyed_item_error(step_id: str, item: object) -> TypeError:
+    """The error for an item that is not a ``(str key, value)`` 2-tuple
+    reaching a step that needs a keyed stream."""
+    if type(item) is tuple and len(item) == 2:
+        return TypeError(
+            f"step {step_id!r} requires keys to be str; got key of type "
+            f"{type(item[0]).__name__}: {item[0]!r:.80} in item {item!r:.80}; "
+            "use op.key_on or op.map to make a str key"
+        )
+    return TypeError(
+        f"step {step_id!r} requires a keyed stream of (str key, value) 2-tuples; "
+        f"got {type(item).__name__}: {item!r:.80}; use op.key_on to add a key"
+    )

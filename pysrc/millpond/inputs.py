@@ -60,6 +60,8 @@ from typing import (
     TypeVar,
 )
 
+from millpond.errors import AbortExecution
+
 __all__ = [
     "AbortExecution",
     "Source",
@@ -76,16 +78,6 @@ __all__ = [
 
 X = TypeVar("X")  # item type
 S = TypeVar("S")  # resume state type
-
-
-class AbortExecution(RuntimeError):
-    """Raise from a partition's ``next_batch`` to stop the execution abruptly.
-
-    The run stops as if the process had crashed: no ``on_eof``, no error
-    reaches the caller, and nothing after the last committed epoch survives.
-    It exists for tests of recovery; ``TestingSource.ABORT()`` is the usual
-    way to use it.
-    """
 
 
 class Source(ABC):  # noqa: B024  (a marker base with no abstract methods)

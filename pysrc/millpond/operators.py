@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -40,6 +39,8 @@ from typing import (
 )
 
 from millpond.dataflow import Dataflow, Stream, _step_scope, operator
+from millpond.errors import keyed_item_error
+from millpond.logic import StatefulBatchLogic, StatefulLogic, StatefulShim
 
 __all__ = [
     "BranchOut",
@@ -99,83 +100,7 @@ def _check_callable(step_id: str, name: str, fn: Any) -> None:
 def _keyed(step_id: str, item: Any) -> Tuple[str, Any]:
     if type(item) is tuple and len(item) == 2 and type(item[0]) is str:
         return item
-    from millpond.engine.stateful_step import keyed_type_error
-
-    raise keyed_type_error(step_id, item)
-
-
-# --------------------------------------------------------------------------
-# Stateful logic protocol
-
-
-class StatefulBatchLogic(ABC, Generic[V, W, S]):
-    """Per-key logic of :func:`stateful_batch`.
-
-    One object exists per key; ``builder(resume_state)`` creates it with
-    ``None`` for a new key or the last :meth:`snapshot` when the key is
-    restored. Each method returns ``(outputs, discard)``: an iterable of
-    values to emit (the engine pairs each with the key) and whether to drop
-    the key (``DISCARD``) or keep it (``RETAIN``).
-    """
-
-    #: Keep this key's logic after the call.
-    RETAIN: bool = False
-    #: Drop this key's logic; its next snapshot records a deletion.
-    DISCARD: bool = True
-
-    @abstractmethod
-    def on_batch(self, values: List[V]) -> Tuple[Iterable[W], bool]:
-        """Values that arrived for this key in one activation, in order."""
-
-    def on_notify(self) -> Tuple[Iterable[W], bool]:
-        """The time from :meth:`notify_at` has come. Default: nothing."""
-        return ((), StatefulBatchLogic.RETAIN)
-
-    def on_eof(self) -> Tuple[Iterable[W], bool]:
-        """The upstream ended. Default: nothing, keep the state."""
-        return ((), StatefulBatchLogic.RETAIN)
-
-    def notify_at(self) -> Optional[datetime]:
-        """When to call :meth:`on_notify` (a UTC-aware datetime), or None.
-
-        Asked again after every activation of this key.
-        """
-        return None
-
-    @abstractmethod
-    def snapshot(self) -> S:
-        """This key's state: picklable, and not mutated afterwards."""
-
-
-class StatefulLogic(ABC, Generic[V, W, S]):
-    """Per-key logic of :func:`stateful`, called once per value.
-
-    Like :class:`StatefulBatchLogic` but with :meth:`on_item` instead of
-    ``on_batch``.
-    """
-
-    RETAIN: bool = False
-    DISCARD: bool = True
-
-    @abstractmethod
-    def on_item(self, value: V) -> Tuple[Iterable[W], bool]:
-        """One value for this key."""
-
-    def on_notify(self) -> Tuple[Iterable[W], bool]:
-        """The time from :meth:`notify_at` has come. Default: nothing."""
-        return ((), StatefulLogic.RETAIN)
-
-    def on_eof(self) -> Tuple[Iterable[W], bool]:
-        """The upstream ended. Default: nothing, keep the state."""
-        return ((), StatefulLogic.RETAIN)
-
-    def notify_at(self) -> Optional[datetime]:
-        """When to call :meth:`on_notify` (a UTC-aware datetime), or None."""
-        return None
-
-    @abstractmethod
-    def snapshot(self) -> S:
-        """This key's state: picklable, and not mutated afterwards."""
+    raise keyed_item_error(step_id, item)
 
 
 # --------------------------------------------------------------------------
@@ -550,39 +475,6 @@ def _without_timers(stream: Stream[Any], on_eof: bool = True) -> Stream[Any]:
     return stream
 
 
-class _StatefulShim(StatefulBatchLogic[V, W, S]):
-    """Runs a per-item :class:`StatefulLogic` as a batch logic."""
-
-    __slots__ = ("builder", "logic")
-
-    def __init__(self, builder: Callable[[Optional[S]], StatefulLogic[V, W, S]], logic: Any):
-        self.builder = builder
-        self.logic = logic
-
-    def on_batch(self, values: List[V]) -> Tuple[Iterable[W], bool]:
-        out: List[W] = []
-        discard = False
-        for v in values:
-            if discard:
-                # The key was dropped mid-batch; the rest starts afresh.
-                self.logic = self.builder(None)
-            emit, discard = self.logic.on_item(v)
-            out.extend(emit)
-        return out, discard
-
-    def on_notify(self) -> Tuple[Iterable[W], bool]:
-        return self.logic.on_notify()
-
-    def on_eof(self) -> Tuple[Iterable[W], bool]:
-        return self.logic.on_eof()
-
-    def notify_at(self) -> Optional[datetime]:
-        return self.logic.notify_at()
-
-    def snapshot(self) -> S:
-        return self.logic.snapshot()
-
-
 @operator
 def stateful(
     step_id: str,
@@ -592,8 +484,8 @@ def stateful(
     """Like :func:`stateful_batch` with a per-item :class:`StatefulLogic`."""
     _check_callable(step_id, "builder", builder)
 
-    def shim_builder(resume: Optional[S]) -> _StatefulShim[V, W, S]:
-        return _StatefulShim(builder, builder(resume))
+    def shim_builder(resume: Optional[S]) -> StatefulShim[V, W, S]:
+        return StatefulShim(builder, builder(resume))
 
     return stateful_batch("stateful_batch", up, shim_builder)
 

@@ -38,25 +38,27 @@ From Python, :func:`cli_main` runs a flow with the same settings::
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
 import logging
 import os
 import sys
-import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
+
+from millpond.importstr import (
+    ImportStringError,
+    backup_from_spec,
+    headline,
+    locate_dataflow,
+    location,
+    summarize,
+)
 
 __all__ = ["cli_main", "locate_dataflow", "parse_addresses", "main", "ImportStringError"]
 
 logger = logging.getLogger("millpond.run")
 
 _PROG = "python -m millpond.run"
-
-
-class ImportStringError(ValueError):
-    """An import string could not be resolved to what it must name."""
 
 
 # ---------------------------------------------------------------------------
@@ -87,7 +89,7 @@ def cli_main(
     arguments, before anything runs.
     """
     from millpond.dataflow import Dataflow
-    from millpond.testing import cluster_main
+    from millpond.engine import cluster_main
 
     if not isinstance(flow, Dataflow):
         raise TypeError(f"flow must be a millpond.dataflow.Dataflow, got {type(flow).__name__}")
@@ -122,192 +124,6 @@ def _as_interval(value: Union[timedelta, float, int, None]) -> Optional[timedelt
     if interval < timedelta(0):
         raise ValueError(f"epoch_interval must not be negative, got {value!r}")
     return interval
-
-
-# ---------------------------------------------------------------------------
-# Import strings
-
-
-def _parse_target(text: str, what: str) -> Tuple[List[str], Optional[Tuple[List[Any], Dict[str, Any]]]]:
-    """Parse ``name``, ``a.b`` or ``name(literal, key=literal)``.
-
-    Returns the dotted name's parts and, for a call, its arguments.
-    """
-    try:
-        node = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
-        raise ImportStringError(f"{what}: the part after ':' must be a name or a call like get_flow(\"x\", n=3)") from None
-    call_args: Optional[Tuple[List[Any], Dict[str, Any]]] = None
-    if isinstance(node, ast.Call):
-        args: List[Any] = []
-        kwargs: Dict[str, Any] = {}
-        for arg in node.args:
-            if isinstance(arg, ast.Starred):
-                raise ImportStringError(f"{what}: *args are not supported, list the arguments")
-            args.append(_literal(arg, text, what))
-        for kw in node.keywords:
-            if kw.arg is None:
-                raise ImportStringError(f"{what}: **kwargs are not supported, name the arguments")
-            kwargs[kw.arg] = _literal(kw.value, text, what)
-        call_args = (args, kwargs)
-        node = node.func
-    parts: List[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        raise ImportStringError(f"{what}: the part after ':' must be a name or a call like get_flow(\"x\", n=3)")
-    parts.append(node.id)
-    parts.reverse()
-    return parts, call_args
-
-
-def _literal(node: ast.expr, text: str, what: str) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except ValueError:
-        raise ImportStringError(
-            f"{what}: argument {ast.unparse(node)!r} is not a literal; only strings, "
-            "numbers, None, booleans, lists, tuples, dicts and sets are allowed"
-        ) from None
-
-
-def _describe(obj: Any) -> str:
-    text = repr(obj)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} (of type {type(obj).__name__})"
-
-
-def _headline(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _location(exc: BaseException) -> str:
-    """``file:line in function`` of the innermost frame of ``exc``, or ``""``."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    last = frames[-1]
-    return f"{last.filename}:{last.lineno} in {last.name}"
-
-
-def _summarize(exc: BaseException) -> str:
-    """``Type: message (at file:line in function)`` for ``exc``."""
-    where = _location(exc)
-    return f"{_headline(exc)} (at {where})" if where else _headline(exc)
-
-
-def _module_name_for_path(path: Path) -> Tuple[str, Path]:
-    """The dotted module name of a ``.py`` file and the directory to import it from.
-
-    Walks up through packages (directories with ``__init__.py``) so that a
-    file inside a package keeps its relative imports working.
-    """
-    path = path.resolve()
-    parts = [path.stem] if path.name != "__init__.py" else []
-    root = path.parent
-    while (root / "__init__.py").exists():
-        parts.insert(0, root.name)
-        root = root.parent
-    return ".".join(parts), root
-
-
-def _import_module(spec: str) -> Any:
-    looks_like_path = spec.endswith(".py") or "/" in spec or os.sep in spec
-    if looks_like_path:
-        path = Path(spec)
-        if not path.is_file():
-            raise ImportStringError(f"no such file: {spec}")
-        name, root = _module_name_for_path(path)
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
-    else:
-        name = spec
-        # `python -m` puts the working directory first; an entry point or an
-        # embedding does not, and users expect `flows.wc` to mean ./flows/wc.py.
-        cwd = os.getcwd()
-        if "" not in sys.path and cwd not in sys.path:
-            sys.path.insert(0, cwd)
-    if not name or not all(p.isidentifier() for p in name.split(".")):
-        raise ImportStringError(f"{spec!r} is not a module name or a path to a .py file")
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as ex:
-        missing = ex.name or ""
-        if missing and (name == missing or name.startswith(missing + ".")):
-            raise ImportStringError(
-                f"no module named {name!r} (looked in {os.getcwd()} and sys.path; "
-                "give a path like flows/wc.py or run from the directory that holds the module)"
-            ) from None
-        logger.debug("importing %s failed", name, exc_info=True)
-        raise ImportStringError(f"importing {name!r} failed: {_summarize(ex)}") from ex
-    except Exception as ex:  # the user's module raised while being imported
-        logger.debug("importing %s failed", name, exc_info=True)
-        raise ImportStringError(f"importing {name!r} failed: {_summarize(ex)}") from ex
-
-
-def _resolve(import_str: str, what: str, default_attr: Optional[str]) -> Tuple[Any, str]:
-    """Import ``MODULE[:TARGET]`` and return the object it names and a label."""
-    module_spec, sep, target = import_str.partition(":")
-    module_spec = module_spec.strip()
-    if not module_spec:
-        raise ImportStringError(f"{what} {import_str!r} has no module; write MODULE[:ATTR]")
-    if not sep or not target.strip():
-        if default_attr is None:
-            raise ImportStringError(f"{what} {import_str!r} needs a target: MODULE:factory()")
-        target = default_attr
-    parts, call_args = _parse_target(target, f"{what} {import_str!r}")
-    module = _import_module(module_spec)
-    obj = module
-    for i, part in enumerate(parts):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            owner = ".".join([module_spec, *parts[:i]]) if i else module_spec
-            hint = " (the default when no :ATTR is given)" if not sep and part == default_attr else ""
-            raise ImportStringError(f"{owner!r} has no attribute {part!r}{hint}") from None
-    label = f"{module_spec}:{'.'.join(parts)}"
-    if call_args is not None:
-        if not callable(obj):
-            raise ImportStringError(f"{label} is {_describe(obj)}, not something to call")
-        args, kwargs = call_args
-        try:
-            obj = obj(*args, **kwargs)
-        except Exception as ex:
-            logger.debug("%s(...) raised", label, exc_info=True)
-            raise ImportStringError(f"{label}(...) raised {_summarize(ex)}") from ex
-        label += "(...)"
-    return obj, label
-
-
-def locate_dataflow(import_str: str) -> Any:
-    """Return the :class:`~millpond.dataflow.Dataflow` that ``import_str`` names.
-
-    ``import_str`` is ``MODULE_OR_PATH[:ATTR]`` as described in this module's
-    docstring; ``ATTR`` defaults to ``flow``. Raises
-    :class:`ImportStringError` with a one-line message if the module is
-    missing or fails to import, the attribute is missing, a factory raises,
-    or the result is not a ``Dataflow``.
-    """
-    from millpond.dataflow import Dataflow
-
-    obj, label = _resolve(import_str, "IMPORT_STR", "flow")
-    if isinstance(obj, Dataflow):
-        return obj
-    if callable(obj) and not isinstance(obj, type):
-        raise ImportStringError(
-            f"{label} is a function, not a Dataflow; to call a factory write '{label}()'"
-        )
-    raise ImportStringError(f"{label} is {_describe(obj)}, not a millpond.dataflow.Dataflow")
-
-
-def _backup_from_spec(spec: str) -> Any:
-    """A URI is passed on as is; ``module:factory(...)`` is called."""
-    if "://" in spec or ":" not in spec or spec.startswith(("/", ".")):
-        return spec
-    obj, _label = _resolve(spec, "backup", None)
-    return obj
 
 
 # ---------------------------------------------------------------------------
@@ -503,7 +319,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _fail(str(ex))
         except ImportError as ex:
             logger.debug("cannot load recovery", exc_info=True)
-            return _fail(f"recovery is not available in this installation: {_summarize(ex)}", 1)
+            return _fail(f"recovery is not available in this installation: {summarize(ex)}", 1)
         except (ValueError, TypeError) as ex:
             return _fail(f"recovery settings: {ex}")
 
@@ -528,10 +344,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if cause is not None:
             # The engine's message usually quotes the cause already; then
             # where it was raised is the one thing left to add.
-            if _headline(cause) in str(ex) and _location(cause):
-                lines.append(f"  raised at {_location(cause)}")
+            if headline(cause) in str(ex) and location(cause):
+                lines.append(f"  raised at {location(cause)}")
             else:
-                lines.append(f"  caused by {_summarize(cause)}")
+                lines.append(f"  caused by {summarize(cause)}")
         sys.stderr.write("\n".join(lines) + "\n")
         return 1
     except (RecoveryError, StateStoreError) as ex:
@@ -552,7 +368,7 @@ def _recovery_config(local_state_dir: Path, backup_spec: Optional[str], snapshot
 
     kwargs: Dict[str, Any] = {}
     if backup_spec is not None:
-        kwargs["backup"] = _backup_from_spec(backup_spec)
+        kwargs["backup"] = backup_from_spec(backup_spec)
     if snapshot_mode is not None:
         kwargs["snapshot_mode"] = SnapshotMode.BATCH if snapshot_mode == "batch" else SnapshotMode.IMMEDIATE
     # The user named the directory on the command line: make it, as `mkdir

@@ -42,7 +42,7 @@ from millpond._corebridge import core, raise_core_error
 from millpond.errors import SnapshotError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
 
-__all__ = ["Stateful", "Builder", "StateStore", "MemoryStateStore"]
+__all__ = ["Stateful", "Builder", "WorkerStore", "StateStore", "MemoryStateStore"]
 
 logger = logging.getLogger("millpond")
 
@@ -70,6 +70,53 @@ class Stateful(Protocol):
 #: ``builder(resume_state_or_None) -> Stateful``: ``None`` for a new key, the
 #: last snapshot when the key is restored.
 Builder = Callable[[Any], Any]
+
+
+class WorkerStore(Protocol):
+    """What the engine needs of a worker's state store: live objects per
+    ``(step_id, key)``, built on demand from what is stored, and a snapshot
+    of what an epoch touched. :class:`StateStore` (recovery on) and
+    :class:`MemoryStateStore` (recovery off) both are one."""
+
+    def register(self, step_id: str, builder: Builder) -> None:
+        """Use ``builder`` to build state objects of ``step_id``."""
+        ...
+
+    def get(self, step_id: str, key: str) -> Optional[Any]:
+        """The live object of ``key`` (touched), or ``None``."""
+        ...
+
+    def peek(self, step_id: str, key: str) -> Optional[Any]:
+        """The live object of ``key`` without touching it, or ``None``."""
+        ...
+
+    def get_or_build(self, step_id: str, key: str) -> Any:
+        """The live object of ``key`` (touched), built anew if it has none."""
+        ...
+
+    def set(self, step_id: str, key: str, obj: Any) -> None:
+        """Make ``obj`` the live object of ``key`` (touched)."""
+        ...
+
+    def discard(self, step_id: str, key: str) -> None:
+        """Drop ``key``'s state; the next snapshot records a deletion."""
+        ...
+
+    def keys(self, step_id: str) -> list[str]:
+        """Every key of ``step_id`` with state, live or stored, sorted."""
+        ...
+
+    def hydrate_all(self, step_id: str, chunk_rows: int = 8192) -> int:
+        """Build live objects for every stored key of ``step_id`` in one pass."""
+        ...
+
+    def snapshot(self, epoch: int) -> int:
+        """Write what was touched since the last snapshot; return the rows."""
+        ...
+
+    def close(self) -> None:
+        """Release the store."""
+        ...
 
 
 class _LiveState:
@@ -336,6 +383,12 @@ class MemoryStateStore(_LiveState):
         """Forget which keys were touched; persist nothing and return 0."""
         self._check_open()
         self._clear_dirty()
+        return 0
+
+    def hydrate_all(self, step_id: str, chunk_rows: int = 8192) -> int:
+        """Nothing is stored, so nothing is built: return 0."""
+        if step_id not in self._builders:
+            raise self._unknown_step(step_id)
         return 0
 
 

@@ -22,16 +22,13 @@ this execution's input there (a resumed execution continues after it),
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence as _Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, List, Optional, Sequence, Set, TypeVar
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Set, TypeVar
 
-from millpond.dataflow import Dataflow
-from millpond.engine import execute
-from millpond.inputs import (
-    AbortExecution,
-    FixedPartitionedSource,
-    StatefulSourcePartition,
-)
+from millpond.engine.main import cluster_main, run_main
+from millpond.errors import AbortExecution
+from millpond.inputs import FixedPartitionedSource, StatefulSourcePartition
 from millpond.outputs import DynamicSink, StatelessSinkPartition
 
 __all__ = [
@@ -45,41 +42,73 @@ __all__ = [
 X = TypeVar("X")
 
 
+# The end of the items, and "nothing looked ahead yet".
+_END: Any = object()
+_NOTHING: Any = object()
+
+
 class _TestingPartition(StatefulSourcePartition[Any, int]):
-    def __init__(self, source: "TestingSource", resume_state: Optional[int]) -> None:
+    """Reads a source's items from index ``resume_state`` on.
+
+    A sequence is indexed lazily (items appended between runs are seen);
+    any other iterable is iterated once, skipping the items a resumed run
+    already emitted.
+    """
+
+    def __init__(self, source: "TestingSource[Any]", resume_state: Optional[int]) -> None:
         self._source = source
         self._idx = 0 if resume_state is None else resume_state
         self._awake: Optional[datetime] = None
+        items = source._items
+        self._seq: Optional[Sequence[Any]] = items if isinstance(items, _Sequence) else None
+        self._it: Optional[Iterator[Any]] = None
+        self._ahead: Any = _NOTHING
+        if self._seq is None:
+            self._it = iter(items)
+            for _ in range(self._idx):
+                if next(self._it, _END) is _END:
+                    break
+
+    def _peek(self) -> Any:
+        if self._seq is not None:
+            return self._seq[self._idx] if self._idx < len(self._seq) else _END
+        if self._ahead is _NOTHING:
+            assert self._it is not None
+            self._ahead = next(self._it, _END)
+        return self._ahead
+
+    def _advance(self) -> None:
+        self._idx += 1
+        self._ahead = _NOTHING
 
     def next_batch(self) -> List[Any]:
         self._awake = None
-        items = self._source._items
         size = self._source._batch_size
         out: List[Any] = []
         while len(out) < size:
-            if self._idx >= len(items):
+            item = self._peek()
+            if item is _END:
                 if out:
                     return out
                 raise StopIteration()
-            item = items[self._idx]
             if isinstance(item, (TestingSource.EOF, TestingSource.ABORT, TestingSource.PAUSE)):
                 # A marker ends the batch; it takes effect on the next call.
                 if out:
                     return out
                 if isinstance(item, TestingSource.EOF):
-                    self._idx += 1
+                    self._advance()
                     raise StopIteration()
                 if isinstance(item, TestingSource.ABORT):
                     if self._idx not in self._source._fired:
                         self._source._fired.add(self._idx)
                         raise AbortExecution(f"TestingSource.ABORT() at item {self._idx}")
-                    self._idx += 1
+                    self._advance()
                     continue
-                self._idx += 1
+                self._advance()
                 self._awake = datetime.now(timezone.utc) + item.duration
                 return []
             out.append(item)
-            self._idx += 1
+            self._advance()
         return out
 
     def next_awake(self) -> Optional[datetime]:
@@ -90,11 +119,20 @@ class _TestingPartition(StatefulSourcePartition[Any, int]):
 
 
 class TestingSource(FixedPartitionedSource[X, int]):
-    """A one-partition source over a list, that resumes by list index.
+    """A one-partition source over any iterable, that resumes by position.
 
-    The list is read lazily, so items appended between runs are seen by the
-    next run. ``batch_size`` items go into each batch (markers end a batch
-    early). ``ValueError`` for a ``batch_size`` below 1.
+    A list (any sequence) is read lazily, so items appended between runs are
+    seen by the next run; a generator or other iterable is iterated once
+    per run, and a resumed run skips the items already emitted (give a
+    resumed run an iterable that yields the same items again).
+    ``batch_size`` items go into each batch (markers end a batch early).
+    ``ValueError`` for a ``batch_size`` below 1, ``TypeError`` for
+    something that is not iterable.
+
+    >>> from millpond.testing import poll_next_batch
+    >>> part = TestingSource((n * n for n in range(5)), batch_size=2).build_part("s", "iterable", None)
+    >>> poll_next_batch(part), poll_next_batch(part), poll_next_batch(part)
+    ([0, 1], [4, 9], [16])
     """
 
     __test__ = False  # not a pytest test class
@@ -122,9 +160,13 @@ class TestingSource(FixedPartitionedSource[X, int]):
         def __repr__(self) -> str:
             return f"TestingSource.PAUSE({self.duration!r})"
 
-    def __init__(self, items: Sequence[Any], batch_size: int = 1) -> None:
+    def __init__(self, items: Iterable[X], batch_size: int = 1) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int; got {batch_size!r}")
+        try:
+            iter(items)
+        except TypeError:
+            raise TypeError(f"TestingSource needs an iterable of items; got {type(items).__name__}: {items!r:.80}") from None
         self._items = items
         self._batch_size = batch_size
         # Indexes of ABORT markers that already fired for this source.
@@ -157,59 +199,6 @@ class TestingSink(DynamicSink[X]):
 
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _TestingSinkPartition:
         return _TestingSinkPartition(self._ls)
-
-
-def run_main(
-    flow: Dataflow,
-    *,
-    epoch_interval: Optional[timedelta] = None,
-    recovery_config: Any = None,
-) -> None:
-    """Run ``flow`` on one worker in the calling thread until its input ends.
-
-    ``epoch_interval`` defaults to 10 seconds; ``recovery_config`` (a
-    ``millpond.recovery.RecoveryConfig``) turns recovery on. Exceptions from
-    user code arrive as ``millpond.errors.DataflowError``; ``ValueError``
-    for a flow without input or output.
-    """
-    execute(flow, worker_count=1, epoch_interval=epoch_interval, recovery_config=recovery_config)
-
-
-def cluster_main(
-    flow: Dataflow,
-    addresses: Optional[Sequence[str]],
-    proc_id: int,
-    *,
-    epoch_interval: Optional[timedelta] = None,
-    recovery_config: Any = None,
-    worker_count_per_proc: int = 1,
-) -> None:
-    """Run ``flow`` with ``worker_count_per_proc`` workers in this process.
-
-    The workers run cooperatively in the calling thread. ``addresses=[]``
-    (or a single address with ``proc_id=0``) means a one-process cluster;
-    several processes are not supported yet (``ValueError``). Keyed items go
-    to the worker that owns their key, so results are the same for any
-    worker count.
-    """
-    addrs = list(addresses or [])
-    if len(addrs) > 1:
-        raise ValueError(
-            f"multi-process clusters are not supported yet ({len(addrs)} addresses given); "
-            "run one process with worker_count_per_proc=N instead"
-        )
-    if proc_id != 0:
-        raise ValueError(f"proc_id must be 0 for a one-process cluster; got {proc_id!r}")
-    if not isinstance(worker_count_per_proc, int) or worker_count_per_proc < 1:
-        raise ValueError(
-            f"worker_count_per_proc must be a positive int; got {worker_count_per_proc!r}"
-        )
-    execute(
-        flow,
-        worker_count=worker_count_per_proc,
-        epoch_interval=epoch_interval,
-        recovery_config=recovery_config,
-    )
 
 
 def poll_next_batch(part: Any, timeout: timedelta = timedelta(seconds=5)) -> List[Any]:

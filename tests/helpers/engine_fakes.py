@@ -1,7 +1,7 @@
 """Test doubles for the engine's recovery hooks: a durable store kept in a
 Python object across runs, and the run object the engine drives.
 
-They follow the contract of ``millpond.recovery.open_recovery_run`` and
+They follow the contract of ``millpond.engine.hooks.Run`` and
 ``millpond.state.StateStore`` closely enough to test the engine's side of
 recovery (what is snapshotted when, what is restored) without the Go core.
 """
@@ -12,7 +12,7 @@ import pickle
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from millpond.errors import SnapshotError
-from millpond.keygroup import worker_for_key
+from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT, worker_for_key
 
 _DELETED = object()
 
@@ -85,6 +85,14 @@ class FakeStore:
         self.gone.add((step_id, key))
         self.touched.add((step_id, key))
 
+    def hydrate_all(self, step_id: str, chunk_rows: int = 8192) -> int:
+        built = 0
+        for sk in self.base:
+            if sk[0] == step_id and sk not in self.live and sk not in self.gone:
+                self.live[sk] = self.builders[step_id](self.base[sk])
+                built += 1
+        return built
+
     def keys(self, step_id: str) -> List[str]:
         ks = {k for (s, k) in self.live if s == step_id}
         ks |= {k for (s, k) in self.base if s == step_id and (s, k) not in self.gone}
@@ -107,7 +115,9 @@ class FakeStore:
 
 
 class FakeRun:
-    """What ``open_recovery_run`` returns, committing synchronously."""
+    """A recovery run for the engine, committing synchronously."""
+
+    key_group_count = DEFAULT_KEY_GROUP_COUNT
 
     def __init__(self, durable: FakeDurable, worker_count: int) -> None:
         self.durable = durable

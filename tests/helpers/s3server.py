@@ -2,7 +2,7 @@
 
 Import the fixtures into a test module::
 
-    from s3server import s3_server, s3_env  # noqa: F401  (pytest fixtures)
+    from helpers.s3server import s3_server, s3_env  # noqa: F401  (pytest fixtures)
 
 ``s3_server`` builds the binary once per session (``go build``, cwd = repo
 root), starts it on 127.0.0.1 with a bucket ``flows``, and always stops it
@@ -33,7 +33,7 @@ from typing import Any, Iterator, List, Optional
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BUCKET = "flows"
 REGION = "us-east-1"
 TEST_ENV = {

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
-from typing import Any, List, Optional
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, List, Optional
 
 from millpond.dataflow import Dataflow
 from millpond.engine.clock import Clock, SystemClock
 from millpond.engine.exchange import Exchange, LocalExchange
-from millpond.engine.hooks import RecoveryRun, open_run
+from millpond.engine.hooks import Run, open_run
 from millpond.engine.plan import Plan, compile_plan
 from millpond.engine.progress import EpochProgress, LocalProgress, SingleProcessProgress
 from millpond.engine.worker import Worker
-from millpond.inputs import AbortExecution
-from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
+from millpond.errors import AbortExecution
+
+if TYPE_CHECKING:  # pragma: no cover
+    from millpond.recovery import RecoveryConfig
 
 __all__ = ["execute", "DEFAULT_EPOCH_INTERVAL"]
 
@@ -51,20 +53,12 @@ def _check_interval(epoch_interval: Optional[timedelta]) -> timedelta:
     return epoch_interval
 
 
-def _key_group_count(run: Any, recovery_config: Any) -> int:
-    for source in (run, recovery_config):
-        count = getattr(source, "key_group_count", None)
-        if isinstance(count, int) and count > 0:
-            return count
-    return DEFAULT_KEY_GROUP_COUNT
-
-
 def execute(
     flow: Dataflow,
     *,
     worker_count: int = 1,
     epoch_interval: Optional[timedelta] = None,
-    recovery_config: Any = None,
+    recovery_config: Optional["RecoveryConfig"] = None,
     clock: Optional[Clock] = None,
     progress: Optional[EpochProgress] = None,
 ) -> None:
@@ -85,7 +79,7 @@ def execute(
     aborted = True
     try:
         exchange = LocalExchange(worker_count)
-        kgc = _key_group_count(run, recovery_config)
+        kgc = run.key_group_count
         started = time.monotonic()
         for w in range(worker_count):
             workers.append(
@@ -123,7 +117,7 @@ def execute(
                 run.close()
 
 
-def _drain(workers: List[Worker], exchange: Exchange, now: Any) -> None:
+def _drain(workers: List[Worker], exchange: Exchange, now: datetime) -> None:
     while True:
         did = False
         for worker in workers:
@@ -140,7 +134,7 @@ def _epoch_loop(
     progress: EpochProgress,
     clock: Clock,
     interval: timedelta,
-    run: RecoveryRun,
+    run: Run,
 ) -> int:
     all_inputs = frozenset(plan.input_indexes)
     seconds = interval.total_seconds()

@@ -1,24 +1,31 @@
 """The recovery hooks the engine calls, and the no-recovery stand-in.
 
-With a recovery config the engine gets a run from
-``millpond.recovery.open_recovery_run``; without one it uses
+With a recovery config the engine gets a
+:class:`~millpond.engine.recovery_run.RecoveryRun`; without one it uses
 :class:`EphemeralRun`: fresh in-memory stores, epoch 1, nothing persisted.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Protocol
+from typing import TYPE_CHECKING, List, Optional, Protocol
 
-__all__ = ["RecoveryRun", "EphemeralRun", "open_run"]
+from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
+from millpond.state import MemoryStateStore, WorkerStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from millpond.recovery import RecoveryConfig
+
+__all__ = ["Run", "EphemeralRun", "open_run"]
 
 
-class RecoveryRun(Protocol):
+class Run(Protocol):
     """One execution of a flow, as seen by the engine."""
 
     resume_epoch: int
     execution: int
+    key_group_count: int
 
-    def worker_store(self, worker_index: int) -> Any:
+    def worker_store(self, worker_index: int) -> WorkerStore:
         """The worker's state store, positioned at ``resume_epoch``."""
 
     def activation_done(self, worker_index: int, epoch: int) -> None:
@@ -53,12 +60,11 @@ class EphemeralRun:
     resume_epoch = 1
     execution = 0
 
-    def __init__(self, worker_count: int) -> None:
-        from millpond.state import MemoryStateStore
+    def __init__(self, worker_count: int, key_group_count: int) -> None:
+        self.key_group_count = key_group_count
+        self._stores: List[MemoryStateStore] = [MemoryStateStore() for _ in range(worker_count)]
 
-        self._stores: List[Any] = [MemoryStateStore() for _ in range(worker_count)]
-
-    def worker_store(self, worker_index: int) -> Any:
+    def worker_store(self, worker_index: int) -> WorkerStore:
         return self._stores[worker_index]
 
     def activation_done(self, worker_index: int, epoch: int) -> None:
@@ -78,10 +84,11 @@ class EphemeralRun:
             store.close()
 
 
-def open_run(recovery_config: Any, flow_id: str, worker_count: int) -> RecoveryRun:
+def open_run(recovery_config: Optional["RecoveryConfig"], flow_id: str, worker_count: int) -> Run:
     """The run for this execution: recovering if a config is given."""
     if recovery_config is None:
-        return EphemeralRun(worker_count)
-    from millpond.recovery import open_recovery_run
+        return EphemeralRun(worker_count, DEFAULT_KEY_GROUP_COUNT)
+    # Imported here: recovery needs the Go extension, a flow without it not.
+    from millpond.engine.recovery_run import open_recovery_run
 
     return open_recovery_run(recovery_config, flow_id, worker_count)

@@ -17,7 +17,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from millpond.engine.steps import NO_KEY, StepRuntime
-from millpond.inputs import AbortExecution
+from millpond.errors import AbortExecution
+from millpond.state import WorkerStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from millpond.engine.plan import PlanStep
@@ -43,16 +44,14 @@ class Hydrated:
         return self.state
 
 
-def _load_positions(store: Any, step_id: str) -> None:
+def _load_positions(store: WorkerStore, step_id: str) -> None:
     """Make every stored position of ``step_id`` live at once.
 
     A worker reads all of them anyway (one key per partition it owns), and
     a step with no stored key left unread lets a snapshot that touches
     every live key count as the worker's whole state (see
     ``StateStore.snapshot``), which a per-key read never does."""
-    hydrate_all = getattr(store, "hydrate_all", None)
-    if hydrate_all is not None:
-        hydrate_all(step_id)
+    store.hydrate_all(step_id)
 
 
 def is_fixed_partitioned(obj: Any) -> bool:
@@ -62,7 +61,7 @@ def is_fixed_partitioned(obj: Any) -> bool:
     )
 
 
-def _resume_state(store: Any, step_id: str, key: str) -> Any:
+def _resume_state(store: WorkerStore, step_id: str, key: str) -> Any:
     held = store.get(step_id, key)
     if held is None:
         return None

@@ -14,60 +14,19 @@ from __future__ import annotations
 import heapq
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from millpond.engine.steps import StepRuntime
+from millpond.errors import keyed_item_error
+from millpond.logic import keeps_default_eof, logic_class, sets_timers
 
 if TYPE_CHECKING:  # pragma: no cover
     from millpond.engine.plan import PlanStep
     from millpond.engine.worker import Worker
 
-__all__ = ["StatefulBatchRuntime", "keyed_type_error"]
+__all__ = ["StatefulBatchRuntime"]
 
 logger = logging.getLogger("millpond")
-
-
-def keyed_type_error(step_id: str, item: Any) -> TypeError:
-    """The error for a non-``(str, value)`` item reaching a keyed step."""
-    if type(item) is tuple and len(item) == 2:
-        return TypeError(
-            f"step {step_id!r} requires keys to be str; got key of type "
-            f"{type(item[0]).__name__}: {item[0]!r:.80} in item {item!r:.80}; "
-            "use op.key_on or op.map to make a str key"
-        )
-    return TypeError(
-        f"step {step_id!r} requires a keyed stream of (str key, value) 2-tuples; "
-        f"got {type(item).__name__}: {item!r:.80}; use op.key_on to add a key"
-    )
-
-
-def _no_timers(logic: Any) -> bool:
-    # Logic classes that never set a timer need not be hydrated on resume
-    # just to ask notify_at.
-    from millpond.operators import StatefulBatchLogic
-
-    return type(logic).notify_at is StatefulBatchLogic.notify_at
-
-
-def _eof_defaults() -> Callable[[Any], bool]:
-    """Return ``is_default(logic)``: whether a key's logic keeps the default
-    on_eof, which emits nothing and keeps the state as it is. Calling it
-    would only mark the key touched and snapshot it again, unchanged (at
-    the end of a stateful_map over a million keys, a million rows). The
-    answer is kept per class: this runs for every key at the end of input."""
-    from millpond.operators import StatefulBatchLogic, StatefulLogic, _StatefulShim
-
-    defaults = (StatefulBatchLogic.on_eof, StatefulLogic.on_eof)
-    by_class: Dict[type, bool] = {}
-
-    def is_default(logic: Any) -> bool:
-        cls = type(logic.logic) if type(logic) is _StatefulShim else type(logic)
-        known = by_class.get(cls)
-        if known is None:
-            known = by_class[cls] = cls.on_eof in defaults
-        return known
-
-    return is_default
 
 
 class _AlwaysFalse(dict):
@@ -111,7 +70,7 @@ class StatefulBatchRuntime(StepRuntime):
         by_worker: Dict[int, List[Any]] = {}
         for item in items:
             if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
-                ex = keyed_type_error(self.step_id, item)
+                ex = keyed_item_error(self.step_id, item)
                 raise self.fail(ex) from ex
             by_worker.setdefault(owner(item[0]), []).append(item)
         for target, routed in by_worker.items():
@@ -124,7 +83,7 @@ class StatefulBatchRuntime(StepRuntime):
         pending = self.pending
         for item in items:
             if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
-                ex = keyed_type_error(self.step_id, item)
+                ex = keyed_item_error(self.step_id, item)
                 raise self.fail(ex) from ex
             key = item[0]
             queued = pending.get(key)
@@ -190,10 +149,10 @@ class StatefulBatchRuntime(StepRuntime):
             at = self.timers.get(key)
             if at is not None and at <= now and self._fire(key, logic):
                 return
-        cls = type(logic)
+        cls = logic_class(logic)
         has_timers = self._timer_classes.get(cls)
         if has_timers is None:
-            has_timers = self._timer_classes[cls] = not _no_timers(logic)
+            has_timers = self._timer_classes[cls] = sets_timers(cls)
         if has_timers:
             self._rearm(key, logic)
 
@@ -261,7 +220,7 @@ class StatefulBatchRuntime(StepRuntime):
             if logic is None:
                 continue
             if i == 0:
-                if _no_timers(logic):
+                if not sets_timers(logic_class(logic)):
                     return
                 self._hydrate_all()
             self._rearm(key, logic)
@@ -271,11 +230,8 @@ class StatefulBatchRuntime(StepRuntime):
         caller about to visit them all: one lookup per key took a minute for
         a million keys, the pass about a second. A builder that fails here
         fails again, naming its key, when the caller gets to that key."""
-        hydrate_all = getattr(self.store, "hydrate_all", None)
-        if hydrate_all is None:
-            return
         try:
-            hydrate_all(self.step_id)
+            self.store.hydrate_all(self.step_id)
         except Exception:  # noqa: BLE001 - reported per key by the caller
             logger.debug("step %r: bulk restore failed; building keys one by one", self.step_id, exc_info=True)
 
@@ -294,13 +250,20 @@ class StatefulBatchRuntime(StepRuntime):
             # A resumed run holds only the keys it touched; on_eof may
             # run for any of them.
             self._hydrate_all()
-        default_eof = _eof_defaults()
+        # Asked per class, not per key: this runs for every key at the end.
+        default_eof: Dict[type, bool] = {}
         for key in keys:
             try:
                 logic = store.peek(self.step_id, key)
             except Exception as ex:
                 raise self.fail(ex, key=key, what="builder") from ex
-            if logic is None or default_eof(logic):
+            if logic is None:
+                continue
+            cls = logic_class(logic)
+            keeps = default_eof.get(cls)
+            if keeps is None:
+                keeps = default_eof[cls] = keeps_default_eof(cls)
+            if keeps:
                 continue
             store.get(self.step_id, key)  # on_eof may change it: snapshot it
             try:

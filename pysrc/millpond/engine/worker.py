@@ -15,7 +15,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 
 from millpond.engine.clock import Clock
 from millpond.engine.exchange import Exchange, Message
-from millpond.engine.hooks import RecoveryRun
+from millpond.engine.hooks import Run
 from millpond.engine.io_steps import InputRuntime, OutputRuntime
 from millpond.engine.plan import Plan
 from millpond.engine.stateful_step import StatefulBatchRuntime
@@ -52,7 +52,7 @@ class Worker:
         index: int,
         count: int,
         plan: Plan,
-        run: RecoveryRun,
+        run: Run,
         exchange: Exchange,
         key_group_count: int,
         clock: Clock,

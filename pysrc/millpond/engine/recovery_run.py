@@ -1,0 +1,258 @@
+"""The recovery side of one execution: the engine's run when recovery is on.
+
+:func:`open_recovery_run` reads the durable commit records, restores every
+worker's local store (fast or full resume, with progress on long
+restores), records the new execution and starts the Go core's commit
+pipeline. The engine then drives the returned :class:`RecoveryRun` through
+the :class:`~millpond.engine.hooks.Run` hooks: snapshot and close each
+epoch, finish at the end. What a user configures lives in
+:mod:`millpond.recovery`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+from millpond._corebridge import core, raise_core_error
+from millpond.backup import core_handle_for
+from millpond.errors import RecoveryError
+from millpond.recovery import RecoveryConfig, SnapshotMode
+from millpond.state import StateStore
+
+__all__ = ["RecoveryRun", "open_recovery_run", "WHOLE_FROM"]
+
+logger = logging.getLogger("millpond")
+
+_GO_MODE = {SnapshotMode.BATCH: 0, SnapshotMode.IMMEDIATE: 1}
+
+#: In batch mode, an epoch that touched at least this share of a worker's
+#: keys snapshots the rest too: the epoch is then the worker's whole state,
+#: kept as compacted state, where otherwise the segments of an epoch that
+#: rewrote most of the state soon make a compaction due that writes all of
+#: it again.
+WHOLE_FROM = 0.5
+
+
+class RecoveryRun:
+    """One execution of a flow with recovery; the engine drives it.
+
+    Opening it reads the durable commit records, records the new execution,
+    and restores every worker's local store (fast or full resume). Use
+    :func:`open_recovery_run`.
+    """
+
+    def __init__(self, config: RecoveryConfig, flow_id: str, worker_count: int) -> None:
+        self.config = config
+        self.flow_id = flow_id
+        self.worker_count = worker_count
+        self.key_group_count = config.key_group_count
+        self._immediate = config.snapshot_mode is SnapshotMode.IMMEDIATE
+        self._backup = config.open_backup()
+        self._backup_handle, self._owns_backup = core_handle_for(self._backup)
+        self._handle: Optional[int] = None
+        self._stores: list[StateStore] = []
+        # The epoch each worker last snapshotted (snapshot_epoch).
+        self._snapshotted = [0] * worker_count
+        self.restores: list[dict[str, Any]] = []
+        c = core()
+        start = time.perf_counter()
+        try:
+            self._handle = c.run_open(
+                str(config.local_state_dir), flow_id, worker_count, config.key_group_count,
+                self._backup_handle, _GO_MODE[config.snapshot_mode], config.max_epochs_in_flight,
+                config.retain_epochs, config.retain_for.total_seconds() if config.retain_for else 0.0,
+                float(config.compact_ratio), config.compact_min_bytes,
+            )
+            self.execution, self.resume_epoch, self.committed_epoch, _ = c.run_info(self._handle)
+            for w in range(worker_count):
+                self._stores.append(self._restore(w))
+            c.run_start(self._handle)
+        except c.CoreError as exc:
+            self._release()
+            raise_core_error(exc)
+        except BaseException:
+            self._release()
+            raise
+        self.resume_seconds = time.perf_counter() - start
+        kinds = sorted({r["Kind"] for r in self.restores})
+        keys = sum(int(r["Rows"]) for r in self.restores)
+        logger.info(
+            "resume flow %r: %s resume, execution %d, resume epoch %d, %d keys restored on %d worker(s) in %.3f s",
+            flow_id, "+".join(kinds), self.execution, self.resume_epoch, keys, worker_count, self.resume_seconds,
+        )
+
+    def _restore(self, w: int) -> StateStore:
+        """Restore worker ``w``, showing progress while a full resume downloads."""
+        c = core()
+        result: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                result["value"] = c.run_restore(self._handle, w)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+                result["error"] = exc
+
+        t = threading.Thread(target=work, name=f"millpond-restore-{w}", daemon=True)
+        t.start()
+        progress = _Progress(f"restore worker {w}")
+        while t.is_alive():
+            t.join(0.25)
+            progress.update(c.run_progress(self._handle))
+        progress.done()
+        if "error" in result:
+            raise result["error"]
+        store_handle, info_json = result["value"]
+        info = json.loads(info_json)
+        self.restores.append(info)
+        run_handle = self._handle
+
+        def write(epoch: int, rows: list, whole: bool = False) -> int:
+            return c.run_write(run_handle, w, epoch, rows, whole)
+
+        store = StateStore._attach(
+            store_handle, self.flow_id, w, self.worker_count, self.key_group_count, self.resume_epoch,
+            self.config.local_state_dir / self.flow_id / f"worker-{w:04d}" / "store.sqlite", write,
+        )
+        if not self._immediate:
+            store.whole_from = WHOLE_FROM
+        return store
+
+    def worker_store(self, worker_index: int) -> StateStore:
+        """The state store of worker ``worker_index``, positioned at the resume epoch."""
+        return self._stores[worker_index]
+
+    def activation_done(self, worker_index: int, epoch: int) -> None:
+        """In immediate mode, make what the activation touched durable now."""
+        if self._immediate:
+            self._stores[worker_index].snapshot(epoch)
+
+    def snapshot_epoch(self, worker_index: int, epoch: int) -> None:
+        """Write the worker's touched state at ``epoch`` (see :meth:`close_epoch`).
+
+        Snapshotting every worker before closing any lets the commit
+        pipeline know, as each worker closes, whether the epoch holds every
+        worker's whole state: then the deletions in it are not written at
+        all (see docs/recovery.md)."""
+        self._stores[worker_index].snapshot(epoch)
+        self._snapshotted[worker_index] = epoch
+
+    def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
+        """Hand the worker's ``epoch`` to the commit pipeline, snapshotting it
+        first unless :meth:`snapshot_epoch` did; waits when too many epochs
+        are still uploading or compaction is behind. ``last`` marks the
+        final epoch of the run (:meth:`finish` comes next): it does not wait
+        for compaction, which only bounds the growth of a run that goes on."""
+        if self._snapshotted[worker_index] != epoch:
+            self.snapshot_epoch(worker_index, epoch)
+        try:
+            core().run_close_epoch(self._require(), worker_index, epoch, last)
+        except core().CoreError as exc:
+            raise_core_error(exc)
+        if logger.isEnabledFor(logging.DEBUG):
+            self._log_commits()
+
+    def _log_commits(self) -> None:
+        """Log the commits the background pipeline made since the last call."""
+        for ev in json.loads(core().run_commits(self._require())) or []:
+            logger.debug(
+                "flow %r epoch %d committed: %d rows in %d objects, %d bytes, %.3f s after its close",
+                self.flow_id, ev["epoch"], ev["rows"], ev["objects"], ev["bytes"], ev["latency_seconds"],
+            )
+
+    def finish(self, aborted: bool) -> None:
+        """Wait for every closed epoch to commit, then stop background work."""
+        try:
+            core().run_finish(self._require(), aborted)
+        except core().CoreError as exc:
+            raise_core_error(exc)
+        finally:
+            if logger.isEnabledFor(logging.DEBUG):
+                self._log_commits()
+            m = self.metrics()
+            logger.info(
+                "flow %r execution %d finished: committed epoch %d, %d segments (%d bytes) uploaded, "
+                "commit latency p50 %.3f s p99 %.3f s, %.3f s waiting on back-pressure; "
+                "background: %.3f s local writes, %.3f s local GC, %d compactions in %.3f s, "
+                "%d whole-state epochs kept as compacted state",
+                self.flow_id, self.execution, m["committed_epoch"], m["segments_uploaded"], m["bytes_uploaded"],
+                m["commit_latency_p50"], m["commit_latency_p99"], m["backpressure_seconds"],
+                m["local_write_seconds"], m["local_gc_seconds"], m["compactions"], m["compaction_seconds"],
+                m.get("whole_epochs", 0),
+            )
+
+    def metrics(self) -> dict[str, Any]:
+        """Commit and upload figures: committed epoch, bytes, latencies, waits."""
+        if self._handle is None:
+            return {}
+        return json.loads(core().run_metrics(self._handle))
+
+    def close(self) -> None:
+        """Close the stores and release everything. Closing twice is a no-op."""
+        self._release()
+
+    def _require(self) -> int:
+        if self._handle is None:
+            raise RecoveryError("recovery run is closed")
+        return self._handle
+
+    def _release(self) -> None:
+        for s in self._stores:
+            s.close()
+        self._stores = []
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            try:
+                core().run_close(handle)
+            except core().CoreError as exc:
+                logger.warning("closing recovery run: %s", exc.args[-1])
+        if self._owns_backup:
+            core().backup_close(self._backup_handle)
+            self._owns_backup = False
+
+    def __enter__(self) -> "RecoveryRun":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_recovery_run(config: RecoveryConfig, flow_id: str, worker_count: int) -> RecoveryRun:
+    """Start an execution of ``flow_id`` with recovery: resume point, new
+    execution record, restored worker stores."""
+    if not isinstance(config, RecoveryConfig):
+        raise TypeError(f"recovery_config must be a RecoveryConfig, got {type(config).__name__}")
+    return RecoveryRun(config, flow_id, worker_count)
+
+
+class _Progress:
+    """A progress line for long restores: drawn on a terminal, logged otherwise."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.last_log = time.monotonic()
+        self.shown = False
+
+    def update(self, counters: tuple) -> None:
+        done, total, bdone, btotal, rows = counters
+        if total == 0:
+            return
+        text = f"{self.label}: {done}/{total} objects, {bdone / 2**20:.1f}/{btotal / 2**20:.1f} MiB, {rows:,} rows"
+        if self.tty:
+            width = 24
+            filled = int(width * bdone / btotal) if btotal else width
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}")
+            sys.stderr.flush()
+            self.shown = True
+        elif time.monotonic() - self.last_log > 5:
+            logger.info(text)
+            self.last_log = time.monotonic()
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
