@@ -7,7 +7,10 @@ from datetime import timedelta
 import pytest
 
 from millpond.backup import DirBackup
+import millpond.operators as op
+from millpond.dataflow import Dataflow
 from millpond.recovery import RecoveryConfig, SnapshotMode
+from millpond.testing import TestingSink, TestingSource, run_main
 
 
 def test_defaults(tmp_path):
@@ -19,19 +22,23 @@ def test_defaults(tmp_path):
     assert isinstance(b, DirBackup) and (tmp_path / "backup").is_dir()
 
 
-def test_missing_local_state_dir_is_named(tmp_path):
+def test_missing_local_state_dir_is_accepted_and_made_when_the_run_starts(tmp_path):
     missing = tmp_path / "nope" / "state"
-    with pytest.raises(ValueError, match="does not exist") as exc:
-        RecoveryConfig(missing)
-    assert str(missing) in str(exc.value)
+    cfg = RecoveryConfig(missing)
+    assert not missing.exists(), "a config alone makes nothing"
+    flow = Dataflow("mk")
+    op.output("out", op.input("in", flow, TestingSource([1])), TestingSink([]))
+    run_main(flow, recovery_config=cfg)
+    assert (missing / "mk").is_dir() and (missing / "backup").is_dir()
 
 
 def test_local_state_dir_that_is_a_file_is_named(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    with pytest.raises(ValueError, match="is not a directory") as exc:
+    with pytest.raises(ValueError, match="exists and is not a directory") as exc:
         RecoveryConfig(f)
     assert str(f) in str(exc.value)
+    assert "mkdir" not in str(exc.value)
 
 
 @pytest.mark.parametrize("mode", ["sometimes", "", 3, None])

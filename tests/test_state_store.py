@@ -919,17 +919,17 @@ def test_invalid_layout_or_resume_epoch_is_a_value_error(tmp_path, kw, match):
     assert not (tmp_path / FLOW).exists(), "a rejected open must not create anything"
 
 
-def test_missing_local_state_dir_is_a_state_store_error_naming_it(tmp_path):
+def test_missing_local_state_dir_is_made_with_its_parents(tmp_path):
     missing = tmp_path / "no" / "such"
-    with pytest.raises(StateStoreError, match=rf"{missing}.*does not exist"):
-        StateStore.open(missing, FLOW)
-    assert not missing.exists()
+    with StateStore.open(missing, FLOW) as store:
+        store.register("s", int)
+    assert (missing / FLOW / "worker-0000").is_dir()
 
 
 def test_local_state_dir_that_is_a_file_is_a_state_store_error_naming_it(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")
-    with pytest.raises(StateStoreError, match=rf"{f} is not a directory"):
+    with pytest.raises(StateStoreError, match=rf"{f} exists and is not a directory"):
         StateStore.open(f, FLOW)
 
 

@@ -2,6 +2,7 @@ package durable_test
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -24,7 +25,7 @@ func TestOpenErrors(t *testing.T) {
 		mod  func(c *durable.Config)
 		want []string
 	}{
-		{"missing local dir", func(c *durable.Config) { c.LocalDir = filepath.Join(t.TempDir(), "nope") }, []string{"nope", "does not exist"}},
+		{"local dir is a file", func(c *durable.Config) { c.LocalDir = fileIn(t) }, []string{"afile", "exists and is not a directory"}},
 		{"no backup", func(c *durable.Config) { c.Backup = nil }, []string{"backup"}},
 		{"bad flow id", func(c *durable.Config) { c.FlowID = "a/b" }, []string{"a/b"}},
 		{"more workers than key groups", func(c *durable.Config) { c.WorkerCount = testKGC + 1 }, []string{"key-group count"}},
@@ -39,6 +40,24 @@ func TestOpenErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+func fileIn(t *testing.T) string {
+	path := filepath.Join(t.TempDir(), "afile")
+	require.NoError(t, os.WriteFile(path, []byte("x"), 0o644))
+	return path
+}
+
+// A local state directory that does not exist is made, parents and all.
+func TestOpenMakesAMissingLocalDir(t *testing.T) {
+	h := newHarness(t)
+	dir := filepath.Join(t.TempDir(), "not", "yet")
+	run, err := durable.Open(context.Background(), h.config(1, func(c *durable.Config) { c.LocalDir = dir }))
+	require.NoError(t, err)
+	require.NoError(t, run.Close())
+	st, err := os.Stat(dir)
+	require.NoError(t, err)
+	assert.True(t, st.IsDir())
 }
 
 // Two runs of one flow on one local directory: the second cannot take the

@@ -231,8 +231,8 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, fmt.Errorf("open recovery for flow %q: %w", cfg.FlowID, err)
 	}
-	if st, err := os.Stat(cfg.LocalDir); err != nil || !st.IsDir() {
-		return nil, fmt.Errorf("open recovery for flow %q: local state directory %s does not exist or is not a directory; create it first", cfg.FlowID, cfg.LocalDir)
+	if err := localstore.EnsureDir(cfg.LocalDir); err != nil {
+		return nil, fmt.Errorf("open recovery for flow %q: %w", cfg.FlowID, err)
 	}
 	if c, ok := cfg.Backup.(backup.Checker); ok {
 		if err := c.Check(ctx); err != nil {

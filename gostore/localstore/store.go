@@ -68,6 +68,19 @@ func ValidateFlowID(id string) error {
 	return nil
 }
 
+// EnsureDir makes the local state directory dir, with any missing parents,
+// as Kafka Streams and Flink do with theirs. A path that exists and is not
+// a directory is an error that says so.
+func EnsureDir(dir string) error {
+	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
+		return fmt.Errorf("local state directory %s exists and is not a directory; pass a directory (or a path that does not exist yet)", dir)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("local state directory %s: %w", dir, err)
+	}
+	return nil
+}
+
 // WorkerDir is the directory holding one worker's store.
 func WorkerDir(dir, flowID string, worker int) string {
 	return filepath.Join(dir, flowID, fmt.Sprintf("worker-%04d", worker))
@@ -143,12 +156,8 @@ func Open(ctx context.Context, cfg Config, resumeEpoch int64) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("open local store: %w", err)
 	}
-	if st, err := os.Stat(cfg.Dir); errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("open local store: local state directory %s does not exist; create it or pass an existing directory: %w", cfg.Dir, err)
-	} else if err != nil {
-		return nil, fmt.Errorf("open local store: local state directory %s: %w", cfg.Dir, err)
-	} else if !st.IsDir() {
-		return nil, fmt.Errorf("open local store: local state directory %s is not a directory", cfg.Dir)
+	if err := EnsureDir(cfg.Dir); err != nil {
+		return nil, fmt.Errorf("open local store: %w", err)
 	}
 	wdir := WorkerDir(cfg.Dir, cfg.FlowID, cfg.WorkerIndex)
 	if err := os.MkdirAll(wdir, 0o755); err != nil {

@@ -78,8 +78,9 @@ class SnapshotMode(enum.Enum):
 class RecoveryConfig:
     """Where and how a flow's state is kept.
 
-    - ``local_state_dir``: an existing directory for the workers' local
-      stores (fast resume, reads of restored state).
+    - ``local_state_dir``: the directory of the workers' local stores
+      (fast resume, reads of restored state); made with its parents when
+      the run starts if it does not exist yet.
     - ``backup``: the durable store: a :class:`~millpond.backup.Backup`
       object or a URI (``/dir``, ``file:///dir``, ``s3://bucket/prefix``).
       ``None`` means a directory ``local_state_dir/backup`` (fine for a
@@ -112,9 +113,11 @@ class RecoveryConfig:
     def __post_init__(self) -> None:
         d = Path(self.local_state_dir)
         object.__setattr__(self, "local_state_dir", d)
-        if not d.is_dir():
-            what = "is not a directory" if d.exists() else "does not exist"
-            raise ValueError(f"local state directory {str(d)!r} {what}; create it first (mkdir -p {d})")
+        if d.exists() and not d.is_dir():
+            raise ValueError(
+                f"local state directory {str(d)!r} exists and is not a directory; "
+                "pass a directory, or a path that does not exist yet (it is created)"
+            )
         object.__setattr__(self, "snapshot_mode", SnapshotMode.parse(self.snapshot_mode))
         if isinstance(self.backup, str):
             scheme = self.backup.split("://", 1)[0] if "://" in self.backup else ""
@@ -147,7 +150,7 @@ class RecoveryConfig:
         """Return the backup object this config names (a new one for URIs)."""
         if self.backup is None:
             path = self.local_state_dir / "backup"
-            path.mkdir(exist_ok=True)
+            path.mkdir(parents=True, exist_ok=True)
             return backup_from_uri(str(path))
         if isinstance(self.backup, str):
             return backup_from_uri(self.backup)
