@@ -97,6 +97,11 @@ func Parse(uri string, getenv func(string) string) (Spec, error) {
 		return Spec{}, fmt.Errorf("empty backup URI: want %s", Supported)
 	}
 	m := schemeRE.FindStringSubmatch(uri)
+	if m != nil && strings.EqualFold(m[1], SchemeS3) && !strings.HasPrefix(strings.ToLower(uri), "s3://") {
+		// "s3:/bucket" or "s3:bucket" is a mistyped S3 URI, not a directory
+		// named "s3:".
+		return Spec{}, fmt.Errorf("backup URI %q: an S3 URI starts with s3:// (two slashes), as in s3://bucket/prefix", uri)
+	}
 	if m == nil || (!strings.Contains(uri, "://") && !strings.EqualFold(m[1], SchemeFile)) {
 		// No scheme: a plain path (which may contain ':').
 		return Spec{Scheme: SchemeFile, Dir: uri}, nil
@@ -137,7 +142,7 @@ func parseS3(uri string, getenv func(string) string) (Spec, error) {
 		return Spec{}, fmt.Errorf("backup URI %q: credentials in the URI are not supported; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", redact(u))
 	}
 	if u.Host == "" {
-		return Spec{}, fmt.Errorf("backup URI %q: missing bucket, as in s3://bucket/prefix", uri)
+		return Spec{}, fmt.Errorf("backup URI %q has no bucket: write s3://BUCKET or s3://BUCKET/PREFIX", uri)
 	}
 	if u.Fragment != "" {
 		return Spec{}, fmt.Errorf("backup URI %q: an s3 URI takes no fragment", uri)

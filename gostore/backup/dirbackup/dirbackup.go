@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/millpond/millpond/gostore/backup"
 )
@@ -58,21 +59,39 @@ func New(root string, logger *slog.Logger) (*DirBackup, error) {
 	fi, err := os.Stat(abs)
 	switch {
 	case err == nil && !fi.IsDir():
-		return nil, fmt.Errorf("backup directory %s: exists but is not a directory", abs)
+		return nil, fmt.Errorf("backup directory %s exists and is not a directory; name a directory, or a path "+
+			"that does not exist yet in an existing directory (it is created)", abs)
 	case err == nil:
 	case errors.Is(err, fs.ErrNotExist):
 		parent := filepath.Dir(abs)
 		if pfi, perr := os.Stat(parent); perr != nil || !pfi.IsDir() {
-			return nil, fmt.Errorf("backup directory %s does not exist, and neither does its parent %s", abs, parent)
+			if perr == nil {
+				return nil, fmt.Errorf("backup directory %s cannot be created: %s is not a directory", abs, parent)
+			}
+			return nil, fmt.Errorf("backup directory %s does not exist, and neither does its parent %s; "+
+				"only the last part is created, so check the path (a typo, an unmounted volume?)", abs, parent)
 		}
 		if err := os.Mkdir(abs, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("create backup directory %s: %w", abs, err)
 		}
 		logger.Info("created backup directory", "dir", abs)
+	case errors.Is(err, syscall.ENOTDIR):
+		return nil, fmt.Errorf("backup directory %s cannot be created: %s is not a directory", abs, fileAncestor(abs))
 	default:
 		return nil, fmt.Errorf("backup directory %s: %w", abs, err)
 	}
 	return &DirBackup{root: abs, logger: logger}, nil
+}
+
+// fileAncestor returns the nearest ancestor of path that exists and is not
+// a directory (what makes a stat of path fail with ENOTDIR).
+func fileAncestor(path string) string {
+	for p := filepath.Dir(path); p != filepath.Dir(p); p = filepath.Dir(p) {
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+			return p
+		}
+	}
+	return filepath.Dir(path)
 }
 
 // Root returns the absolute path of the backup directory.

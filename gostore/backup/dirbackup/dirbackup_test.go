@@ -41,7 +41,9 @@ func TestNewRejectsMissingParentAndFiles(t *testing.T) {
 		name, root, wantMsg string
 	}{
 		{"MissingParent", filepath.Join(tmp, "no", "such"), "does not exist, and neither does its parent " + filepath.Join(tmp, "no")},
-		{"RootIsFile", file, "not a directory"},
+		{"RootIsFile", file, "backup directory " + file + " exists and is not a directory; name a directory"},
+		{"ParentIsFile", filepath.Join(file, "sub"), "backup directory " + filepath.Join(file, "sub") + " cannot be created: " + file + " is not a directory"},
+		{"GrandparentIsFile", filepath.Join(file, "a", "b"), " cannot be created: " + file + " is not a directory"},
 		{"Empty", "", "empty path"},
 	}
 	for _, tt := range tests {

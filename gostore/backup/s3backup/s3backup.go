@@ -84,7 +84,9 @@ type Options struct {
 	MaxBackoff time.Duration
 	// HTTPClient overrides the SDK's HTTP client (tests, proxies).
 	HTTPClient *http.Client
-	// Logger receives debug logs of operations; nil discards them.
+	// Logger receives debug logs of operations and the AWS SDK's own log
+	// entries (its warnings at Warn, the rest at Debug); nil discards them.
+	// Nothing is ever written to stderr directly.
 	Logger *slog.Logger
 }
 
@@ -96,6 +98,7 @@ type S3Backup struct {
 	bucket   string
 	prefix   string // without slashes at either end
 	endpoint string
+	region   string
 	attempts int
 	backoff  time.Duration
 	logger   *slog.Logger
@@ -141,6 +144,7 @@ func New(ctx context.Context, opts Options) (*S3Backup, error) {
 	}
 
 	loadOpts := []func(*config.LoadOptions) error{
+		config.WithLogger(newSDKLogger(logger.Debug, logger.Warn)),
 		config.WithRetryer(func() aws.Retryer {
 			return retry.NewStandard(func(o *retry.StandardOptions) {
 				o.MaxAttempts = opts.MaxAttempts
@@ -166,10 +170,13 @@ func New(ctx context.Context, opts Options) (*S3Backup, error) {
 	}
 	cfg, err := config.LoadDefaultConfig(ctx, loadOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("s3://%s: load AWS configuration: %w", opts.Bucket, err)
+		return nil, fmt.Errorf("s3://%s: cannot load the AWS configuration (AWS_CONFIG_FILE, AWS_PROFILE, ...): %w", opts.Bucket, err)
 	}
 	if cfg.Region == "" {
 		cfg.Region = DefaultRegion
+	}
+	if cfg.Credentials != nil {
+		cfg.Credentials = taggedCredentials{cfg.Credentials}
 	}
 	client := s3.NewFromConfig(cfg, func(o *s3.Options) {
 		// S3-compatible servers often return no checksum; do not log that.
@@ -189,6 +196,7 @@ func New(ctx context.Context, opts Options) (*S3Backup, error) {
 		bucket:   opts.Bucket,
 		prefix:   prefix,
 		endpoint: opts.Endpoint,
+		region:   cfg.Region,
 		attempts: opts.MaxAttempts,
 		backoff:  opts.MaxBackoff,
 		logger:   logger,
@@ -221,10 +229,9 @@ func (b *S3Backup) Check(ctx context.Context) error {
 			retry.AddWithMaxAttempts(o.Retryer, min(b.attempts, checkMaxAttempts)),
 			min(b.backoff, checkMaxBackoff))
 	})
-	if err != nil {
-		return fmt.Errorf("check %s: %w", b, b.explain(err))
-	}
-	return nil
+	// The explained error names the bucket and the endpoint; callers
+	// name the store (prefix included) when they wrap it.
+	return b.explain(err)
 }
 
 // objectKey maps a store key (or listing prefix) to the S3 object key.

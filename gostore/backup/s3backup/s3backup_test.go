@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -178,8 +180,8 @@ func TestRetries(t *testing.T) {
 		{"ServiceUnavailableTwiceThenSuccess", 2, 503, "ServiceUnavailable", "", 3},
 		{"SlowDownThrottlingThenSuccess", 2, 503, "SlowDown", "", 3},
 		{"InternalErrorThenSuccess", 1, 500, "InternalError", "", 2},
-		{"PersistentFailureGivesUpAfterMaxAttempts", 100, 503, "ServiceUnavailable", "ServiceUnavailable", DefaultMaxAttempts},
-		{"AccessDeniedFailsFast", 100, 403, "AccessDenied", "denied, check the credentials", 1},
+		{"PersistentFailureGivesUpAfterMaxAttempts", 100, 503, "ServiceUnavailable", "failed: ServiceUnavailable: injected (HTTP 503, 5 attempts); the server is failing", DefaultMaxAttempts},
+		{"AccessDeniedFailsFast", 100, 403, "AccessDenied", `access to bucket "millpond-test" at {url} denied (AccessDenied); check the credentials`, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -197,7 +199,7 @@ func TestRetries(t *testing.T) {
 				return
 			}
 			require.Error(t, err)
-			assert.Contains(t, err.Error(), tt.wantErr)
+			assert.Contains(t, err.Error(), strings.ReplaceAll(tt.wantErr, "{url}", url))
 			assert.Contains(t, err.Error(), "s3://millpond-test/r at "+url)
 			assert.Contains(t, err.Error(), src)
 			assert.Empty(t, backuptest.Keys(t, b, ""))
@@ -241,43 +243,208 @@ func TestDownloadRetriesTruncatedBody(t *testing.T) {
 	assert.Equal(t, int32(2), truncated.Load())
 }
 
-func TestUnreachableEndpointNamesEndpointAndBucket(t *testing.T) {
+// closedPort returns the URL of a port on 127.0.0.1 that nothing listens on.
+func closedPort(t *testing.T) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	endpoint := "http://" + ln.Addr().String()
 	require.NoError(t, ln.Close())
-	b := newTestBackup(t, testOptions(endpoint, "x"))
-	start := time.Now()
-	err = b.Check(context.Background())
-	require.Error(t, err)
-	assert.Less(t, time.Since(start), 10*time.Second)
-	assert.Contains(t, err.Error(), "cannot reach endpoint "+endpoint)
-	assert.Contains(t, err.Error(), "s3://millpond-test/x")
+	return endpoint
 }
 
-func TestCheck(t *testing.T) {
-	url := backuptest.StartS3Server(t, nil, testBucket)
+// TestCheckErrorsAreOneReadableLine runs Check against the failures a user
+// meets and pins the whole message: one line that names the bucket and the
+// endpoint and says what to check, without the SDK's nested error chain.
+func TestCheckErrorsAreOneReadableLine(t *testing.T) {
+	deny := func(code string) func(http.Handler) http.Handler {
+		var calls atomic.Int32
+		return failFirst(1000, 403, code, func(*http.Request) bool { return true }, &calls)
+	}
 	tests := []struct {
 		name    string
+		wrap    func(http.Handler) http.Handler
+		closed  bool // an endpoint nothing listens on
 		bucket  string
-		wantErr string
+		noCreds bool
+		want    string // {url} stands for the endpoint
 	}{
-		{"ExistingBucket", testBucket, ""},
-		{"MissingBucket", "no-such-bucket", `bucket "no-such-bucket" does not exist`},
+		{
+			name:   "UnreachableEndpoint",
+			closed: true,
+			want: `cannot reach S3 endpoint {url} for bucket "millpond-test" (connection refused, 1 attempt); ` +
+				`check the endpoint URL and that the server is running`,
+		},
+		{
+			name:   "MissingBucket",
+			bucket: "no-such-bucket",
+			want:   `bucket "no-such-bucket" does not exist at {url}; check the bucket name in the URI, or create the bucket`,
+		},
+		{
+			name: "AccessDenied",
+			wrap: deny("AccessDenied"),
+			want: `access to bucket "millpond-test" at {url} denied (AccessDenied); check the credentials ` +
+				`(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN or AWS_PROFILE) and the bucket's policy`,
+		},
+		{
+			name: "UnknownAccessKey",
+			wrap: deny("InvalidAccessKeyId"),
+			want: `access to bucket "millpond-test" at {url} denied (InvalidAccessKeyId); check the credentials ` +
+				`(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN or AWS_PROFILE) and the bucket's policy`,
+		},
+		{
+			name: "WrongRegion",
+			wrap: func(h http.Handler) http.Handler {
+				var calls atomic.Int32
+				return failFirst(1000, 301, "PermanentRedirect", func(*http.Request) bool { return true }, &calls)(h)
+			},
+			want: `bucket "millpond-test" is not in region us-east-1 at {url} (PermanentRedirect); ` +
+				`give its region with ?region= in the URI or AWS_REGION`,
+		},
+		{
+			name: "ServerFailing",
+			wrap: func(h http.Handler) http.Handler {
+				var calls atomic.Int32
+				return failFirst(1000, 500, "InternalError", func(*http.Request) bool { return true }, &calls)(h)
+			},
+			want: `S3 request for bucket "millpond-test" at {url} failed: InternalError: injected (HTTP 500, 1 attempt); ` +
+				`the server is failing; try again later or check its health`,
+		},
+		{
+			name:    "NoCredentials",
+			noCreds: true,
+			want: `no usable AWS credentials for bucket "millpond-test" at {url}: none were found, or they could not be ` +
+				`refreshed; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)`,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			opts := testOptions(url, "p")
-			opts.Bucket = tt.bucket
-			err := newTestBackup(t, opts).Check(context.Background())
-			if tt.wantErr == "" {
-				require.NoError(t, err)
-				return
+			var url string
+			if tt.closed {
+				url = closedPort(t)
+			} else {
+				url = backuptest.StartS3Server(t, tt.wrap, testBucket)
 			}
+			opts := testOptions(url, "x")
+			opts.MaxAttempts = 1
+			if tt.bucket != "" {
+				opts.Bucket = tt.bucket
+			}
+			if tt.noCreds {
+				for _, v := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"} {
+					t.Setenv(v, "")
+				}
+				t.Setenv("AWS_CONFIG_FILE", filepath.Join(t.TempDir(), "none"))
+				t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
+				t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+				opts.AccessKeyID, opts.SecretAccessKey = "", ""
+			}
+			start := time.Now()
+			err := newTestBackup(t, opts).Check(context.Background())
 			require.Error(t, err)
-			assert.Contains(t, err.Error(), tt.wantErr)
+			assert.Less(t, time.Since(start), 10*time.Second)
+			assert.Equal(t, strings.ReplaceAll(tt.want, "{url}", url), err.Error())
+			assert.NotContains(t, err.Error(), "\n")
+			assert.NotContains(t, err.Error(), "operation error")
 		})
 	}
+}
+
+func TestExplainedErrorsKeepTheSDKErrorForErrorsAs(t *testing.T) {
+	url := closedPort(t)
+	opts := testOptions(url, "x")
+	opts.MaxAttempts = 2
+	err := newTestBackup(t, opts).Check(context.Background())
+	require.Error(t, err)
+	var opErr *net.OpError
+	assert.True(t, errors.As(err, &opErr), "the network error stays wrapped: %#v", err)
+	assert.Contains(t, err.Error(), "(connection refused, 2 attempts)")
+}
+
+func TestExplainOfOtherFailures(t *testing.T) {
+	b := newTestBackup(t, testOptions("http://127.0.0.1:9", "x"))
+	aws := newTestBackup(t, Options{Bucket: testBucket, Region: "eu-west-1"})
+	tests := []struct {
+		name string
+		b    *S3Backup
+		err  error
+		want string
+	}{
+		{
+			"UnknownHost", b,
+			fmt.Errorf("operation error S3: ListObjectsV2: %w", &net.DNSError{Err: "no such host", Name: "s3.example.invalid", IsNotFound: true}),
+			`cannot reach S3 endpoint http://127.0.0.1:9 for bucket "millpond-test": host s3.example.invalid not found; check the endpoint URL`,
+		},
+		{
+			"AWSEndpointIsNamedWithItsRegion", aws,
+			fmt.Errorf("operation error S3: PutObject: %w", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: network is unreachable")}),
+			`cannot reach S3 endpoint AWS S3 (region eu-west-1) for bucket "millpond-test" (network is unreachable); ` +
+				`check the endpoint URL and that the server is running`,
+		},
+		{
+			"OtherErrorGivesTheInnermostCause", b,
+			fmt.Errorf("operation error S3: GetObject: %w", fmt.Errorf("request send failed: %w", errors.New("x509: certificate signed by unknown authority"))),
+			`S3 request for bucket "millpond-test" at http://127.0.0.1:9 failed: x509: certificate signed by unknown authority`,
+		},
+		{"CanceledStaysAsIs", b, context.Canceled, "context canceled"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.b.explain(tt.err)
+			assert.Equal(t, tt.want, got.Error())
+			assert.ErrorIs(t, got, tt.err)
+		})
+	}
+}
+
+// TestSDKLogsGoToTheLoggerNotStderr makes the SDK log a warning (a response
+// whose Date header it cannot parse) and checks that the warning reaches
+// the backend's slog logger and that nothing is written to stderr, where
+// the SDK's default logger would print it.
+func TestSDKLogsGoToTheLoggerNotStderr(t *testing.T) {
+	badDate := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Date", "not a date")
+			h.ServeHTTP(w, r)
+		})
+	}
+	url := backuptest.StartS3Server(t, badDate, testBucket)
+
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	saved := os.Stderr
+	os.Stderr = w
+	defer func() { os.Stderr = saved }()
+
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	opts := testOptions(url, "p")
+	opts.Logger = slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	b := newTestBackup(t, opts)
+	require.NoError(t, b.Check(context.Background()))
+	backuptest.Put(t, b, "k", []byte("v"))
+	assert.Equal(t, "v", string(backuptest.Get(t, b, "k")))
+
+	os.Stderr = saved
+	require.NoError(t, w.Close())
+	leaked, err := io.ReadAll(r)
+	require.NoError(t, err)
+	assert.Empty(t, string(leaked), "nothing reaches stderr")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Contains(t, logs.String(), "level=WARN")
+	assert.Contains(t, logs.String(), "aws sdk: failed to parse response Date header value")
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 func TestNewRejectsBadOptions(t *testing.T) {
