@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -102,10 +103,20 @@ def path_without_go() -> str:
     return path
 
 
-def run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float = BUILD_TIMEOUT,
+def run(cmd: list, *, cwd: Path, env: dict[str, str], timeout: float = BUILD_TIMEOUT,
         check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, timeout=timeout,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    """Run cmd in a session of its own; on a timeout the whole session (pip,
+    go build, the compilers under it) is killed before the test fails."""
+    args = [str(c) for c in cmd]
+    with subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as child:
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            out, err = child.communicate()
+            pytest.fail(f"{args} took over {timeout} s\n--- stdout\n{out[-3000:]}\n--- stderr\n{err[-3000:]}")
+    proc = subprocess.CompletedProcess(args, child.returncode, out, err)
     if check and proc.returncode != 0:
         pytest.fail(f"{cmd} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n--- stderr\n{proc.stderr[-6000:]}")
     return proc
