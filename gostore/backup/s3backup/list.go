@@ -29,7 +29,7 @@ func (b *S3Backup) List(ctx context.Context, prefix string) ([]backup.ObjectInfo
 	for pages.HasMorePages() {
 		page, err := pages.NextPage(ctx)
 		if err != nil {
-			return nil, fmt.Errorf("list %q in %s: %w", prefix, b, b.explain(err))
+			return nil, fmt.Errorf("list %s: %w", b.objectURL(prefix), b.explain(err))
 		}
 		for _, obj := range page.Contents {
 			key, ok := strings.CutPrefix(aws.ToString(obj.Key), strip)

@@ -2,6 +2,7 @@ package s3backup
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -30,7 +31,7 @@ func (b *S3Backup) Upload(ctx context.Context, localPath, key string) error {
 		Body:   f,
 	})
 	if err != nil {
-		return fmt.Errorf("upload %s to %s in %s: %w", localPath, key, b, b.explain(err))
+		return fmt.Errorf("upload %s to %s: %w", localPath, b.objectURL(key), b.explain(err))
 	}
 	b.logger.Debug("uploaded", "store", b.String(), "key", key)
 	return nil
@@ -53,6 +54,9 @@ func (b *S3Backup) Download(ctx context.Context, key, localPath string) error {
 		b.logger.Debug("retrying interrupted download", "store", b.String(), "key", key, "attempt", attempt, "err", err)
 	}
 	if err != nil {
+		if errors.As(err, new(*explainedError)) {
+			return fmt.Errorf("download %s to %s: %w", b.objectURL(key), localPath, err)
+		}
 		return fmt.Errorf("download %s from %s to %s: %w", key, b, localPath, err)
 	}
 	return nil
@@ -68,7 +72,7 @@ func (b *S3Backup) downloadOnce(ctx context.Context, key, localPath string) (ret
 	})
 	if err != nil {
 		if isNotFound(err) {
-			return false, fmt.Errorf("%w: %w", backup.ErrNotFound, err)
+			return false, fmt.Errorf("%w: %w", backup.ErrNotFound, &explainedError{msg: "no such key at " + b.endpointName(), err: err})
 		}
 		return false, b.explain(err)
 	}
@@ -99,7 +103,7 @@ func (b *S3Backup) Delete(ctx context.Context, key string) error {
 		Key:    aws.String(b.objectKey(key)),
 	})
 	if err != nil && !isNotFound(err) {
-		return fmt.Errorf("delete %s from %s: %w", key, b, b.explain(err))
+		return fmt.Errorf("delete %s: %w", b.objectURL(key), b.explain(err))
 	}
 	return nil
 }

@@ -234,6 +234,13 @@ func (b *S3Backup) Check(ctx context.Context) error {
 	return b.explain(err)
 }
 
+// objectURL is "s3://bucket/objectkey" of key (or of a listing prefix),
+// which names an object in an error next to an explanation that names the
+// endpoint.
+func (b *S3Backup) objectURL(key string) string {
+	return "s3://" + b.bucket + "/" + b.objectKey(key)
+}
+
 // objectKey maps a store key (or listing prefix) to the S3 object key.
 func (b *S3Backup) objectKey(key string) string {
 	if b.prefix == "" {

@@ -180,7 +180,7 @@ func TestRetries(t *testing.T) {
 		{"ServiceUnavailableTwiceThenSuccess", 2, 503, "ServiceUnavailable", "", 3},
 		{"SlowDownThrottlingThenSuccess", 2, 503, "SlowDown", "", 3},
 		{"InternalErrorThenSuccess", 1, 500, "InternalError", "", 2},
-		{"PersistentFailureGivesUpAfterMaxAttempts", 100, 503, "ServiceUnavailable", "failed: ServiceUnavailable: injected (HTTP 503, 5 attempts); the server is failing", DefaultMaxAttempts},
+		{"PersistentFailureGivesUpAfterMaxAttempts", 100, 503, "ServiceUnavailable", `S3 request for bucket "millpond-test" at {url} failed: ServiceUnavailable: injected (HTTP 503, 5 attempts); the server is failing`, DefaultMaxAttempts},
 		{"AccessDeniedFailsFast", 100, 403, "AccessDenied", `access to bucket "millpond-test" at {url} denied (AccessDenied); check the credentials`, 1},
 	}
 	for _, tt := range tests {
@@ -200,8 +200,8 @@ func TestRetries(t *testing.T) {
 			}
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), strings.ReplaceAll(tt.wantErr, "{url}", url))
-			assert.Contains(t, err.Error(), "s3://millpond-test/r at "+url)
-			assert.Contains(t, err.Error(), src)
+			want := "upload " + src + " to s3://millpond-test/r/seg/1: " + strings.ReplaceAll(tt.wantErr, "{url}", url)
+			assert.True(t, strings.HasPrefix(err.Error(), want), "%q\ndoes not start with\n%q", err.Error(), want)
 			assert.Empty(t, backuptest.Keys(t, b, ""))
 		})
 	}
@@ -348,6 +348,30 @@ func TestCheckErrorsAreOneReadableLine(t *testing.T) {
 			assert.NotContains(t, err.Error(), "operation error")
 		})
 	}
+}
+
+// TestOperationErrorsNameTheObject pins how each operation's error reads:
+// the object as s3://bucket/key, then the one-line explanation.
+func TestOperationErrorsNameTheObject(t *testing.T) {
+	url := closedPort(t)
+	opts := testOptions(url, "pre")
+	opts.MaxAttempts = 1
+	b := newTestBackup(t, opts)
+	src, _ := backuptest.WriteRandomFile(t, t.TempDir(), 10)
+	dst := filepath.Join(t.TempDir(), "out")
+	why := `cannot reach S3 endpoint ` + url + ` for bucket "millpond-test" (connection refused, 1 attempt); ` +
+		`check the endpoint URL and that the server is running`
+	_, err := b.List(context.Background(), "flow/")
+	assert.EqualError(t, err, "list s3://millpond-test/pre/flow/: "+why)
+	assert.EqualError(t, b.Upload(context.Background(), src, "flow/k"), "upload "+src+" to s3://millpond-test/pre/flow/k: "+why)
+	assert.EqualError(t, b.Download(context.Background(), "flow/k", dst), "download s3://millpond-test/pre/flow/k to "+dst+": "+why)
+	assert.EqualError(t, b.Delete(context.Background(), "flow/k"), "delete s3://millpond-test/pre/flow/k: "+why)
+
+	live := newTestBackup(t, testOptions(backuptest.StartS3Server(t, nil, testBucket), "pre"))
+	err = live.Download(context.Background(), "flow/none", dst)
+	require.ErrorIs(t, err, backup.ErrNotFound)
+	assert.Contains(t, err.Error(), ": object not found: no such key at http://")
+	assert.NotContains(t, err.Error(), "operation error")
 }
 
 func TestExplainedErrorsKeepTheSDKErrorForErrorsAs(t *testing.T) {
