@@ -125,11 +125,7 @@ func mp_run_write(h C.uintptr_t, w C.int, epoch C.longlong, buf *C.char, n C.siz
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	write := run.WriteOwned
-	if whole != 0 {
-		write = run.WriteOwnedWhole
-	}
-	count, err := write(context.Background(), int(w), int64(epoch), rows)
+	count, err := run.Write(context.Background(), int(w), rowbatch.Batch{Epoch: int64(epoch), Rows: rows, Whole: whole != 0})
 	if err != nil {
 		return setErr(withKind(kindRecovery, err), errKind, errMsg)
 	}

@@ -81,7 +81,7 @@ func mp_store_write(h C.uintptr_t, epoch C.longlong, buf *C.char, n C.size_t,
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	count, err := s.Write(context.Background(), int64(epoch), rows)
+	count, err := s.Write(context.Background(), rowbatch.Batch{Epoch: int64(epoch), Rows: rows})
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}

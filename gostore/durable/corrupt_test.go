@@ -13,6 +13,7 @@ import (
 	"github.com/millpond/millpond/gostore/backup/backuptest"
 	"github.com/millpond/millpond/gostore/backup/s3backup"
 	"github.com/millpond/millpond/gostore/durable"
+	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
 // newestSegment returns the key of a segment the newest commit names.
@@ -134,7 +135,7 @@ func TestForeignSegmentIgnored(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, orun.Start())
 	for e := int64(1); e <= 5; e++ {
-		_, err := orun.Write(context.Background(), 0, e, rowsOf([]string{"foreign-1", "key-00001"}, "FOREIGN", false))
+		_, err := orun.Write(context.Background(), 0, rowbatch.NewBatch(e, rowsOf([]string{"foreign-1", "key-00001"}, "FOREIGN", false), false))
 		require.NoError(t, err)
 		require.NoError(t, orun.CloseEpoch(0, e))
 	}

@@ -27,7 +27,7 @@ func TestNewerExecutionFencesOffTheOlder(t *testing.T) {
 	assert.Equal(t, int64(2), newer.ResumeEpoch())
 
 	// The older run goes on: its next commit is refused.
-	_, err := older.Write(ctx, 0, 2, []rowbatch.Row{{StepID: "s", Key: "a", Value: []byte("old-2")}})
+	_, err := older.Write(ctx, 0, rowbatch.NewBatch(2, []rowbatch.Row{{StepID: "s", Key: "a", Value: []byte("old-2")}}, false))
 	require.NoError(t, err)
 	require.NoError(t, older.CloseEpoch(0, 2))
 	err = older.Finish(false)
@@ -37,7 +37,7 @@ func TestNewerExecutionFencesOffTheOlder(t *testing.T) {
 	require.NoError(t, older.Close())
 
 	// The newer run commits epoch 2 with its own rows.
-	_, err = newer.Write(ctx, 0, 2, []rowbatch.Row{{StepID: "s", Key: "a", Value: []byte("new-2")}})
+	_, err = newer.Write(ctx, 0, rowbatch.NewBatch(2, []rowbatch.Row{{StepID: "s", Key: "a", Value: []byte("new-2")}}, false))
 	require.NoError(t, err)
 	require.NoError(t, newer.CloseEpoch(0, 2))
 	require.NoError(t, newer.Finish(false))

@@ -72,7 +72,7 @@ func TestRunEndsWithoutWaitingForCompaction(t *testing.T) {
 	require.Eventually(t, func() bool { return bb.waiting.Load() > 0 }, waitFor, tick, "the compaction after epoch 1 starts")
 
 	rows := g(2)
-	_, err := run.Write(ctx, 0, 2, rows)
+	_, err := run.Write(ctx, 0, rowbatch.NewBatch(2, rows, false))
 	require.NoError(t, err)
 	within(t, "CloseLastEpoch", func() error { return run.CloseLastEpoch(0, 2) })
 	h.m.apply(rows)
@@ -129,7 +129,7 @@ func TestLocalCheckpointsWaitForTheCommit(t *testing.T) {
 	for i := range rows {
 		rows[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%06d", i), Value: make([]byte, 300)}
 	}
-	_, err := run.Write(ctx, 0, 1, rows)
+	_, err := run.Write(ctx, 0, rowbatch.NewBatch(1, rows, false))
 	require.NoError(t, err)
 	require.NoError(t, run.CloseEpoch(0, 1))
 	h.m.apply(rows)

@@ -42,11 +42,11 @@ func TestSnapshotModesSegmentCounts(t *testing.T) {
 					for b := 0; b < batches; b++ {
 						chunk := parts[w][b*n/batches : (b+1)*n/batches]
 						require.NotEmpty(t, chunk)
-						_, err := run.Write(ctx, w, e, chunk)
+						_, err := run.Write(ctx, w, rowbatch.NewBatch(e, chunk, false))
 						require.NoError(t, err)
 					}
 					// An empty batch makes no segment in either mode.
-					_, err := run.Write(ctx, w, e, nil)
+					_, err := run.Write(ctx, w, rowbatch.NewBatch(e, nil, false))
 					require.NoError(t, err)
 				}
 				for w := 0; w < workers; w++ {
@@ -216,7 +216,7 @@ func TestSameKeyTwiceInOneEpoch(t *testing.T) {
 				rowsOf(keys[3:], "", true),         // d deleted
 			}
 			for _, b := range batches {
-				_, err := run.Write(ctx, 0, 1, b)
+				_, err := run.Write(ctx, 0, rowbatch.NewBatch(1, b, false))
 				require.NoError(t, err)
 				h.m.apply(b)
 			}

@@ -165,7 +165,7 @@ func (h *harness) epoch(run *durable.Run, workers int, e int64, rows []rowbatch.
 	ctx := context.Background()
 	parts := route(rows, workers, h.kgc)
 	for w := 0; w < workers; w++ {
-		if _, err := run.Write(ctx, w, e, parts[w]); err != nil {
+		if _, err := run.Write(ctx, w, rowbatch.NewBatch(e, parts[w], false)); err != nil {
 			return err
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/millpond/millpond/gostore/durable"
 	"github.com/millpond/millpond/gostore/localstore"
+	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
 func TestOpenErrors(t *testing.T) {
@@ -106,7 +107,7 @@ func TestWriteAfterFinish(t *testing.T) {
 	h.epochs(run, 1, 1, 1, updatesGen(10, 1, false))
 	require.NoError(t, run.Finish(false))
 	assert.NotPanics(t, func() {
-		_, err := run.Write(context.Background(), 0, 2, rowsOf([]string{"x"}, "v", false))
+		_, err := run.Write(context.Background(), 0, rowbatch.NewBatch(2, rowsOf([]string{"x"}, "v", false), false))
 		assert.Error(t, err)
 		assert.Error(t, run.CloseEpoch(0, 2))
 	})

@@ -54,6 +54,7 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 	cfg := localstore.Config{
 		Dir: r.cfg.LocalDir, FlowID: r.cfg.FlowID, WorkerIndex: w, WorkerCount: r.cfg.WorkerCount,
 		KeyGroupCount: r.cfg.KeyGroupCount, Execution: r.execution,
+		GenerationMinRows: r.cfg.GenerationMinRows,
 	}
 	committed := r.state.Commit.Epoch
 	info := RestoreInfo{Kind: ResumeFull}

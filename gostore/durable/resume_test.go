@@ -11,6 +11,7 @@ import (
 
 	"github.com/millpond/millpond/gostore/durable"
 	"github.com/millpond/millpond/gostore/localstore"
+	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
 func TestFreshStartThenFastResume(t *testing.T) {
@@ -139,7 +140,7 @@ func TestUncommittedEpochRolledBack(t *testing.T) {
 			// Epoch 5: every worker writes, only workers 0 and 1 close.
 			rows := route(g(5), 3, h.kgc)
 			for w := 0; w < 3; w++ {
-				_, err := run.Write(ctx, w, 5, rows[w])
+				_, err := run.Write(ctx, w, rowbatch.NewBatch(5, rows[w], false))
 				require.NoError(t, err)
 			}
 			require.NoError(t, run.CloseEpoch(0, 5))
@@ -229,10 +230,10 @@ func TestIdleWorkerStillFastResumes(t *testing.T) {
 			// Epoch 3: only worker 0 has changes.
 			rows := route(rowsOf([]string{"a", "b", "c", "d", "e", "f", "g", "h"}, "three", false), 2, h.kgc)
 			require.NotEmpty(t, rows[0])
-			_, err := run.Write(ctx, 0, 3, rows[0])
+			_, err := run.Write(ctx, 0, rowbatch.NewBatch(3, rows[0], false))
 			require.NoError(t, err)
 			if emptyWrite {
-				_, err = run.Write(ctx, 1, 3, nil)
+				_, err = run.Write(ctx, 1, rowbatch.NewBatch(3, nil, false))
 				require.NoError(t, err)
 			}
 			require.NoError(t, run.CloseEpoch(0, 3))

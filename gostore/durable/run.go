@@ -5,19 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"sort"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/millpond/millpond/gostore/backup"
-	"github.com/millpond/millpond/gostore/compactor"
 	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/localstore"
 	"github.com/millpond/millpond/gostore/rowbatch"
-	"github.com/millpond/millpond/gostore/snapfile"
+	"github.com/millpond/millpond/gostore/segment"
 )
 
 // SnapshotMode says when finished segments are cut.
@@ -31,11 +26,32 @@ const (
 	SnapshotImmediate
 )
 
-func (m SnapshotMode) compactorMode() compactor.Mode {
+func (m SnapshotMode) cutMode() segment.Mode {
 	if m == SnapshotImmediate {
-		return compactor.Immediate
+		return segment.PerBatch
 	}
-	return compactor.Batch
+	return segment.PerEpoch
+}
+
+// String names the mode as ParseSnapshotMode reads it.
+func (m SnapshotMode) String() string {
+	switch m {
+	case SnapshotBatch:
+		return "batch"
+	case SnapshotImmediate:
+		return "immediate"
+	}
+	return fmt.Sprintf("SnapshotMode(%d)", int(m))
+}
+
+// ParseSnapshotMode reads a mode by name: "batch" or "immediate".
+func ParseSnapshotMode(name string) (SnapshotMode, error) {
+	for _, m := range []SnapshotMode{SnapshotBatch, SnapshotImmediate} {
+		if m.String() == name {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown snapshot mode %q; use \"batch\" or \"immediate\"", name)
 }
 
 // Config sets up a recovery run.
@@ -67,10 +83,10 @@ type Config struct {
 	UploadWorkers int
 	// UploadAttempts per segment before the run fails. Default 5.
 	UploadAttempts int
-	// GenerationMinRows: a whole-state batch (WriteWhole) of at least this
-	// many rows starts a new generation of the local store; a smaller one
-	// is written in place, which costs less than a new file for a small
-	// state. Default 1024.
+	// GenerationMinRows: a whole-state batch of at least this many rows
+	// starts a new generation of the local store; a smaller one is written
+	// in place, which costs less than a new file for a small state.
+	// Default 1024.
 	GenerationMinRows int
 	Logger            *slog.Logger
 }
@@ -107,14 +123,10 @@ func (c *Config) defaults() error {
 		c.GenerationMinRows = 1024
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(discard{}, nil))
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return nil
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // Run is one execution of a flow with recovery: its workers' local stores,
 // the segment pipeline to the backup, and the commit protocol.
@@ -174,56 +186,6 @@ type Run struct {
 	uploadWG sync.WaitGroup
 }
 
-type epochState struct {
-	closed   int
-	pending  int
-	objects  []ObjectRef
-	closeAt  time.Time
-	closeSet bool
-	// whole holds the workers whose rows of the epoch are their whole
-	// state (markWhole).
-	whole map[int]bool
-	// bare holds the whole workers that cut no segment of the epoch: no
-	// key left, and their deletions were dropped (or there were none).
-	bare map[int]bool
-	// dropped: some worker's deletions were dropped on the promise that
-	// the epoch is committed as compacted state (closeEpoch).
-	dropped bool
-}
-
-// heldDeletions are the deletions of a worker's whole batch in batch mode,
-// held back from its segment until the worker closes the epoch: if by then
-// every worker's batch is whole, the epoch's segments are committed as
-// compacted state, which holds nothing older for a deletion to hide, and
-// they are dropped. A flow whose keys all end at once (a final count at
-// EOF) then commits its last epoch without a segment of deletions.
-type heldDeletions struct {
-	epoch int64
-	rows  []rowbatch.Row
-	// live counts the batch's other rows (those sent to the segment).
-	live int
-}
-
-// handoff carries the staged copy of a whole epoch's segment to the local
-// store's writer (localstore.Store.WriteAsyncStaged).
-type handoff struct {
-	epoch  int64
-	staged chan string
-}
-
-type uploadJob struct {
-	seg   compactor.Segment
-	ref   ObjectRef
-	epoch int64
-}
-
-// pipe feeds one worker's compactor from a goroutine, so segments are
-// written while the worker goes on with the next epoch.
-type pipe struct {
-	events chan compactor.Event
-	done   chan struct{}
-}
-
 // Open reads the durable state and returns the run, numbered as the next
 // execution. Call Restore for each worker, then Start, which records the
 // execution before anything is processed.
@@ -276,6 +238,24 @@ func (r *Run) State() State { return r.state }
 // Store returns worker w's local store (after Restore).
 func (r *Run) Store(w int) *localstore.Store { return r.stores[w] }
 
+// Worker is one worker's part of a run, for the owner of its state: the
+// local store it reads from and Write for its snapshot batches.
+type Worker struct {
+	run   *Run
+	index int
+}
+
+// Worker returns worker w's part of the run (after Restore).
+func (r *Run) Worker(w int) *Worker { return &Worker{run: r, index: w} }
+
+// Store is the worker's local store.
+func (w *Worker) Store() *localstore.Store { return w.run.stores[w.index] }
+
+// Write is Run.Write for this worker.
+func (w *Worker) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
+	return w.run.Write(ctx, w.index, b)
+}
+
 // Start launches the background pipeline. Call it after every worker was
 // restored.
 func (r *Run) Start() error {
@@ -310,14 +290,14 @@ func (r *Run) Start() error {
 	r.uploads = make(chan uploadJob, 64)
 	r.maint = make(chan int64, 1)
 	for w := range r.stores {
-		p := &pipe{events: make(chan compactor.Event, 16), done: make(chan struct{})}
+		p := &pipe{events: make(chan pipeEvent, 16), done: make(chan struct{})}
 		r.pipes = append(r.pipes, p)
-		comp, err := r.newCompactor(w)
+		cut, err := r.newCutter(w)
 		if err != nil {
 			return err
 		}
 		r.wg.Add(1)
-		go r.runPipe(w, p, comp)
+		go r.runPipe(w, p, cut)
 	}
 	for i := 0; i < r.cfg.UploadWorkers; i++ {
 		r.uploadWG.Add(1)
@@ -326,102 +306,6 @@ func (r *Run) Start() error {
 	r.wg.Add(1)
 	go r.runMaintenance()
 	return nil
-}
-
-func (r *Run) segmentDir(w int) string {
-	return filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "outbox")
-}
-
-func (r *Run) newCompactor(w int) (*compactor.Compactor, error) {
-	dir := r.segmentDir(w)
-	// Segments left by a crashed run were never committed: start clean.
-	os.RemoveAll(dir)
-	rng := keygroup.OwnedBy(w, r.cfg.WorkerCount, r.cfg.KeyGroupCount)
-	return compactor.New(compactor.Config{
-		Mode: r.cfg.Mode.compactorMode(),
-		Dir:  dir,
-		Meta: snapfile.Meta{
-			FlowID: r.cfg.FlowID, WorkerIndex: w, WorkerCount: r.cfg.WorkerCount,
-			KeyGroupCount: r.cfg.KeyGroupCount, Execution: r.execution,
-		},
-		Emit: func(seg compactor.Segment) error {
-			r.stage(w, seg)
-			sum, size, err := fileSHA256(seg.Path)
-			if err != nil {
-				return fmt.Errorf("checksum segment %s: %w", seg.Path, err)
-			}
-			m := seg.Meta
-			ref := ObjectRef{
-				Key:  segmentKey(r.cfg.FlowID, r.execution, w, m.FirstEpoch, seg.Seq),
-				Kind: KindSegment, Execution: r.execution, Worker: w, WorkerCount: r.cfg.WorkerCount,
-				GroupLo: rng.Lo, GroupHi: rng.Hi, FirstEpoch: m.FirstEpoch, LastEpoch: m.LastEpoch,
-				Seq: seg.Seq, Rows: seg.Rows, Size: size, SHA256: sum,
-			}
-			r.mu.Lock()
-			r.epochLocked(m.LastEpoch).pending++
-			r.mu.Unlock()
-			select {
-			case r.uploads <- uploadJob{seg: seg, ref: ref, epoch: m.LastEpoch}:
-				return nil
-			case <-r.ctx.Done():
-				return errStopped
-			}
-		},
-	})
-}
-
-// stage hands a copy of seg to worker w's local store when seg is the
-// segment of the whole batch the store waits for. The copy is made before
-// the segment is uploaded (an upload may move or delete it).
-func (r *Run) stage(w int, seg compactor.Segment) {
-	r.mu.Lock()
-	queue := r.handoffs[w]
-	for len(queue) > 0 && queue[0].epoch < seg.Meta.FirstEpoch {
-		close(queue[0].staged) // its epoch cut no segment of its own
-		queue = queue[1:]
-	}
-	var h *handoff
-	if len(queue) > 0 && queue[0].epoch == seg.Meta.FirstEpoch && seg.Meta.LastEpoch == seg.Meta.FirstEpoch {
-		h, queue = queue[0], queue[1:]
-	}
-	r.handoffs[w] = queue
-	r.mu.Unlock()
-	if h == nil {
-		return
-	}
-	defer close(h.staged)
-	if path, err := r.stores[w].StageGeneration(seg.Path); err == nil {
-		h.staged <- path
-	} else {
-		// The store writes the batch's rows instead.
-		r.cfg.Logger.Warn("staging a whole epoch's segment for the local store failed", "worker", w, "epoch", h.epoch, "err", err)
-	}
-}
-
-// dropHandoffs closes the handoffs no segment will fulfil (the pipes are
-// done), so the local stores write those batches' rows themselves.
-func (r *Run) dropHandoffs() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.dropHandoffsLocked()
-}
-
-func (r *Run) dropHandoffsLocked() {
-	for w, queue := range r.handoffs {
-		for _, h := range queue {
-			close(h.staged)
-		}
-		r.handoffs[w] = nil
-	}
-}
-
-func (r *Run) epochLocked(e int64) *epochState {
-	es := r.epochs[e]
-	if es == nil {
-		es = &epochState{}
-		r.epochs[e] = es
-	}
-	return es
 }
 
 func (r *Run) fail(err error) {
@@ -444,541 +328,6 @@ func (r *Run) Err() error {
 	return r.err
 }
 
-func (r *Run) runPipe(w int, p *pipe, comp *compactor.Compactor) {
-	defer r.wg.Done()
-	defer close(p.done)
-	defer comp.Close()
-	for ev := range p.events {
-		if r.Err() != nil {
-			continue // drain; the run has failed
-		}
-		if err := comp.Apply(r.ctx, ev); err != nil {
-			r.fail(fmt.Errorf("worker %d epoch %d: %w", w, ev.Epoch, err))
-			continue
-		}
-		if ev.Close {
-			r.mu.Lock()
-			r.epochLocked(ev.Epoch).closed++
-			r.cond.Broadcast()
-			r.mu.Unlock()
-			r.tryCommit()
-		}
-	}
-}
-
-func (r *Run) runUploads() {
-	defer r.uploadWG.Done()
-	for job := range r.uploads {
-		if r.Err() != nil {
-			os.Remove(job.seg.Path)
-			continue
-		}
-		start := time.Now()
-		err := r.uploadWithRetry(job.seg.Path, job.ref.Key)
-		os.Remove(job.seg.Path)
-		if err != nil {
-			r.fail(fmt.Errorf("upload segment %s of worker %d epoch %d: %w", job.ref.Key, job.ref.Worker, job.epoch, err))
-			continue
-		}
-		r.mu.Lock()
-		es := r.epochLocked(job.epoch)
-		es.pending--
-		es.objects = append(es.objects, job.ref)
-		r.metrics.SegmentsUploaded++
-		r.metrics.BytesUploaded += job.ref.Size
-		r.metrics.UploadSeconds += time.Since(start).Seconds()
-		r.mu.Unlock()
-		r.tryCommit()
-	}
-}
-
-func (r *Run) uploadWithRetry(path, key string) error {
-	return r.retry("segment upload", key, func() error { return store(r.ctx, r.cfg.Backup, path, key) })
-}
-
-// store ships a sealed local file: adopted where the backend can take it
-// over without a copy, uploaded otherwise.
-func store(ctx context.Context, b backup.Backup, path, key string) error {
-	if a, ok := b.(backup.Adopter); ok {
-		return a.Adopt(ctx, path, key)
-	}
-	return b.Upload(ctx, path, key)
-}
-
-// retry runs op up to UploadAttempts times with backoff, until it
-// succeeds or the run stops.
-func (r *Run) retry(what, key string, op func() error) error {
-	var err error
-	delay := 50 * time.Millisecond
-	for attempt := 1; attempt <= r.cfg.UploadAttempts; attempt++ {
-		if err = op(); err == nil {
-			return nil
-		}
-		if r.ctx.Err() != nil || attempt == r.cfg.UploadAttempts {
-			break
-		}
-		r.cfg.Logger.Warn(what+" failed; retrying", "key", key, "attempt", attempt, "err", err)
-		select {
-		case <-time.After(delay):
-		case <-r.ctx.Done():
-			return err
-		}
-		delay = min(delay*2, 2*time.Second)
-	}
-	if r.ctx.Err() != nil {
-		return err
-	}
-	return fmt.Errorf("%w: gave up after %d attempts: %w", ErrBackup, r.cfg.UploadAttempts, err)
-}
-
-// errNotRunning is returned by Write and CloseEpoch before Start or after
-// Finish (the pipes they feed do not exist then).
-var errNotRunning = errors.New("recovery run is not started or already finished")
-
-// Write stores a snapshot batch of worker w at epoch in its local store and
-// queues it for the worker's segment.
-func (r *Run) Write(ctx context.Context, w int, epoch int64, rows []rowbatch.Row) (int, error) {
-	return r.writeCopy(ctx, w, epoch, rows, false)
-}
-
-// WriteWhole is Write for a batch that is worker w's whole state at epoch:
-// every key it holds is written (or deleted) in it, and it is the worker's
-// only batch of the epoch. The local store starts a new generation with it
-// rather than collecting everything it supersedes, and when every worker's
-// epoch is whole in batch mode, the epoch's segments are committed as
-// compacted state (markWhole).
-func (r *Run) WriteWhole(ctx context.Context, w int, epoch int64, rows []rowbatch.Row) (int, error) {
-	return r.writeCopy(ctx, w, epoch, rows, true)
-}
-
-func (r *Run) writeCopy(ctx context.Context, w int, epoch int64, rows []rowbatch.Row, whole bool) (int, error) {
-	if err := r.Err(); err != nil {
-		return 0, err
-	}
-	if r.pipes == nil {
-		return 0, errNotRunning
-	}
-	// The rows alias the caller's buffer; the local writer and the pipe
-	// outlive it, and share one copy (neither changes it).
-	return r.writeOwned(ctx, w, epoch, copyRows(rows), whole)
-}
-
-// WriteOwnedWhole is WriteWhole for rows the caller hands over (see
-// WriteOwned).
-func (r *Run) WriteOwnedWhole(ctx context.Context, w int, epoch int64, batch []rowbatch.Row) (int, error) {
-	return r.writeOwned(ctx, w, epoch, batch, true)
-}
-
-// WriteOwned is Write for rows the caller hands over: they are not copied,
-// and must not be changed or reused afterwards (the local writer and the
-// segment pipe read them in the background).
-func (r *Run) WriteOwned(ctx context.Context, w int, epoch int64, batch []rowbatch.Row) (int, error) {
-	return r.writeOwned(ctx, w, epoch, batch, false)
-}
-
-func (r *Run) writeOwned(ctx context.Context, w int, epoch int64, batch []rowbatch.Row, whole bool) (int, error) {
-	if err := r.Err(); err != nil {
-		return 0, err
-	}
-	if r.pipes == nil {
-		return 0, errNotRunning
-	}
-	deleted := 0
-	for i := range batch {
-		batch[i].Epoch = epoch
-		if batch[i].Deleted {
-			deleted++
-		}
-	}
-	write := r.stores[w].WriteAsync
-	segment := batch
-	if whole {
-		r.markWhole(w, epoch)
-		if r.cfg.Mode == SnapshotBatch {
-			var held []rowbatch.Row
-			segment, held = splitDeletions(batch, deleted)
-			r.mu.Lock()
-			earlier := r.held[w]
-			r.held[w] = &heldDeletions{epoch: epoch, rows: held, live: len(segment)}
-			r.mu.Unlock()
-			if earlier != nil && len(earlier.rows) > 0 {
-				// A second batch before the close (not what the engine
-				// does): the first one's deletions go first, in order.
-				r.pipes[w].events <- compactor.Event{Epoch: earlier.epoch, Rows: earlier.rows}
-			}
-		}
-	}
-	if whole && len(batch) >= r.cfg.GenerationMinRows {
-		write = r.stores[w].WriteAsyncWhole
-		if r.cfg.Mode == SnapshotBatch && len(segment) > 0 {
-			// In batch mode the epoch's segment holds exactly this
-			// batch: the local store takes a copy of it (stage) rather
-			// than writing the rows a second time. (A batch of only
-			// deletions starts an empty generation: nothing to copy.)
-			h := &handoff{epoch: epoch, staged: make(chan string, 1)}
-			r.mu.Lock()
-			if err := r.err; err != nil {
-				// fail dropped the handoffs already; this one would wait
-				// for a segment no pipe will cut.
-				r.mu.Unlock()
-				return 0, err
-			}
-			r.handoffs[w] = append(r.handoffs[w], h)
-			r.mu.Unlock()
-			write = func(epoch int64, rows []rowbatch.Row) error {
-				return r.stores[w].WriteAsyncStaged(epoch, rows, h.staged)
-			}
-		}
-	}
-	if err := write(epoch, batch); err != nil {
-		return 0, err
-	}
-	if len(segment) > 0 {
-		r.pipes[w].events <- compactor.Event{Epoch: epoch, Rows: segment}
-	}
-	return len(batch), nil
-}
-
-// splitDeletions returns batch's rows that are not deletions and those
-// that are, as two views of one new array (batch itself is left as it is:
-// the local store reads it). deleted is how many deletions batch holds.
-func splitDeletions(batch []rowbatch.Row, deleted int) (live, dels []rowbatch.Row) {
-	if deleted == 0 {
-		return batch, nil
-	}
-	out := make([]rowbatch.Row, len(batch))
-	n, d := 0, len(batch)-deleted
-	for i := range batch {
-		if batch[i].Deleted {
-			out[d] = batch[i]
-			d++
-		} else {
-			out[n] = batch[i]
-			n++
-		}
-	}
-	return out[:n:n], out[n:]
-}
-
-// releaseHeld settles worker w's held deletions of epoch as it closes it:
-// dropped when every worker's batch of the epoch is whole (the epoch will
-// be committed as compacted state, see wholeLocked), sent to the segment
-// otherwise. Workers close an epoch after all of them wrote it (the engine
-// snapshots every worker first), so the marks are complete by then; a
-// mark still missing only costs the deletions being written.
-func (r *Run) releaseHeld(w int, epoch int64) []rowbatch.Row {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	h := r.held[w]
-	if h == nil || h.epoch != epoch {
-		return nil
-	}
-	r.held[w] = nil
-	es := r.epochLocked(epoch)
-	if len(es.whole) != r.cfg.WorkerCount {
-		return h.rows
-	}
-	if len(h.rows) > 0 {
-		es.dropped = true
-	}
-	if h.live == 0 {
-		if es.bare == nil {
-			es.bare = map[int]bool{}
-		}
-		es.bare[w] = true
-	}
-	return nil
-}
-
-// copyRows copies rows into one arena of their own. The strings view the
-// arena in place (it is never written again), and a step id shared with
-// the previous row is shared in the copy too: one allocation for the
-// batch, not two per row.
-func copyRows(rows []rowbatch.Row) []rowbatch.Row {
-	size := 0
-	for i := range rows {
-		size += len(rows[i].Key) + len(rows[i].Value)
-		if i == 0 || rows[i].StepID != rows[i-1].StepID {
-			size += len(rows[i].StepID)
-		}
-	}
-	arena := make([]byte, 0, size)
-	view := func(from int) string {
-		if len(arena) == from {
-			return ""
-		}
-		return unsafe.String(&arena[from], len(arena)-from)
-	}
-	out := make([]rowbatch.Row, len(rows))
-	for i, r := range rows {
-		if i > 0 && r.StepID == rows[i-1].StepID {
-			out[i].StepID = out[i-1].StepID
-		} else {
-			start := len(arena)
-			arena = append(arena, r.StepID...)
-			out[i].StepID = view(start)
-		}
-		start := len(arena)
-		arena = append(arena, r.Key...)
-		out[i].Key = view(start)
-		out[i].Epoch, out[i].Deleted = r.Epoch, r.Deleted
-		if !r.Deleted {
-			start = len(arena)
-			arena = append(arena, r.Value...)
-			out[i].Value = arena[start:len(arena):len(arena)]
-		}
-	}
-	return out
-}
-
-// markWhole records that the rows worker w wrote at epoch are its whole
-// state (WriteWhole). When every worker marks an epoch so, in batch mode,
-// its segments are committed as compacted state that replaces every older
-// object: a flow that rewrites all its keys each epoch then never needs a
-// compaction pass that would write the same state a second time.
-func (r *Run) markWhole(w int, epoch int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	es := r.epochLocked(epoch)
-	if es.whole == nil {
-		es.whole = map[int]bool{}
-	}
-	es.whole[w] = true
-}
-
-// wholeLocked reports whether es's segments are the whole state of every
-// worker: each marked it whole and cut exactly one segment (batch mode; an
-// immediate-mode epoch spans several). r.mu is held.
-func (r *Run) wholeLocked(es *epochState) bool {
-	if r.cfg.Mode != SnapshotBatch || len(es.whole) != r.cfg.WorkerCount || len(es.objects)+len(es.bare) != r.cfg.WorkerCount {
-		return false
-	}
-	seen := map[int]bool{}
-	for _, o := range es.objects {
-		if seen[o.Worker] || !es.whole[o.Worker] || es.bare[o.Worker] {
-			return false
-		}
-		seen[o.Worker] = true
-	}
-	return true
-}
-
-// CloseEpoch marks that worker w finished epoch (its snapshot is written).
-// When every worker closed it and its segments are uploaded, it commits.
-// CloseEpoch waits while more than MaxEpochsInFlight epochs are closed but
-// not committed, or while compaction or local GC is too far behind, and
-// returns the pipeline's error if it failed.
-func (r *Run) CloseEpoch(w int, epoch int64) error {
-	return r.closeEpoch(w, epoch, false)
-}
-
-// CloseLastEpoch is CloseEpoch for the last epoch of the run (its input
-// ended; Finish comes next). It does not wait for maintenance to catch up:
-// those waits bound the growth of a run that goes on, and Finish waits for
-// the commit itself.
-func (r *Run) CloseLastEpoch(w int, epoch int64) error {
-	return r.closeEpoch(w, epoch, true)
-}
-
-func (r *Run) closeEpoch(w int, epoch int64, last bool) error {
-	if r.pipes == nil {
-		return errNotRunning
-	}
-	r.mu.Lock()
-	es := r.epochLocked(epoch)
-	if !es.closeSet {
-		es.closeSet, es.closeAt = true, time.Now()
-	}
-	err := r.err
-	r.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	// A worker that wrote nothing in this epoch still holds every row of
-	// it: say so, or its next resume rebuilds a store that was current.
-	// (A no-op when rows of the epoch were written.) Queued behind the
-	// epoch's rows, so the close never waits for the local writer.
-	if err := r.stores[w].WriteAsync(epoch, nil); err != nil {
-		return err
-	}
-	if dels := r.releaseHeld(w, epoch); len(dels) > 0 {
-		r.pipes[w].events <- compactor.Event{Epoch: epoch, Rows: dels}
-	}
-	r.pipes[w].events <- compactor.Event{Epoch: epoch, Close: true}
-	start := time.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for !last && r.err == nil && !r.stopped && (epoch-r.committed > int64(r.cfg.MaxEpochsInFlight) || r.maintenanceBehindLocked()) {
-		// Maintenance runs after commits; when the debt is older than the
-		// last one (inherited from a previous run), wake it ourselves, or
-		// the wait would need a commit that this very wait holds back.
-		// (Finish sets stopped under mu before it closes maint.)
-		select {
-		case r.maint <- r.committed:
-		default:
-		}
-		r.cond.Wait()
-	}
-	if waited := time.Since(start); waited > time.Millisecond {
-		r.metrics.BackpressureSeconds += waited.Seconds()
-	}
-	return r.err
-}
-
-// tryCommit writes the commit record for the newest epoch whose every
-// worker closed it and whose segments (and every older epoch's) are
-// uploaded.
-func (r *Run) tryCommit() {
-	r.commitMu.Lock()
-	defer r.commitMu.Unlock()
-	r.mu.Lock()
-	target := r.committed
-	var fresh, whole []ObjectRef
-	var wholeAt int64
-	var broken error
-	var closeAt time.Time
-	for e := r.committed + 1; ; e++ {
-		es := r.epochs[e]
-		if es == nil || es.closed < r.cfg.WorkerCount || es.pending > 0 {
-			break
-		}
-		target = e
-		fresh = append(fresh, es.objects...)
-		if es.closeSet {
-			closeAt = es.closeAt
-		}
-		if r.wholeLocked(es) {
-			whole, wholeAt = es.objects, e
-		} else if es.dropped && broken == nil {
-			// Its segments lack the deletions that only compacted state
-			// can do without: committed as plain segments they would
-			// bring deleted keys back.
-			broken = fmt.Errorf("epoch %d: deletions of a whole-state batch were dropped, but the epoch is not whole on every worker (%d of %d marked, %d segments); not committing it",
-				e, len(es.whole), r.cfg.WorkerCount, len(es.objects))
-		}
-	}
-	failed := r.err != nil
-	r.mu.Unlock()
-	if broken != nil {
-		r.fail(broken)
-		return
-	}
-	if target == r.committed || failed {
-		return
-	}
-	rec := CommitRecord{
-		FlowID: r.cfg.FlowID, Epoch: target, Execution: r.execution,
-		WorkerCount: r.cfg.WorkerCount, KeyGroupCount: r.cfg.KeyGroupCount,
-		Objects:       append(append([]ObjectRef{}, r.record.Objects...), fresh...),
-		CommittedUnix: time.Now().Unix(),
-	}
-	if wholeAt > 0 {
-		rec.Objects = promoteWhole(rec.Objects, whole, wholeAt)
-	}
-	sortObjects(rec.Objects)
-	if err := r.checkNotSuperseded(r.ctx); err != nil {
-		r.fail(err)
-		return
-	}
-	// A commit record is retried like a segment: one failed request must
-	// not stop the flow.
-	if err := r.retry("commit record upload", commitKey(r.cfg.FlowID, target), func() error {
-		return writeCommit(r.ctx, r.cfg.Backup, rec)
-	}); err != nil {
-		r.fail(fmt.Errorf("write commit record of epoch %d: %w", target, err))
-		return
-	}
-	r.record = rec
-	for _, s := range r.stores {
-		// A local store generation started at a whole epoch up to target
-		// may now replace the old one. (Before Committed reports target:
-		// whoever sees the commit finds the stores told.)
-		s.NoteCommitted(target)
-	}
-	r.mu.Lock()
-	for e := r.committed + 1; e <= target; e++ {
-		delete(r.epochs, e)
-	}
-	r.committed = target
-	r.segmentBytes, r.compactedBytes = objectBytes(rec.Objects)
-	r.metrics.Commits++
-	r.metrics.CommittedEpoch = target
-	if wholeAt > 0 {
-		r.metrics.WholeEpochs++
-	}
-	ev := CommitEvent{Epoch: target, Objects: len(fresh)}
-	for _, o := range fresh {
-		ev.Rows += o.Rows
-		ev.Bytes += o.Size
-	}
-	if !closeAt.IsZero() {
-		ev.LatencySeconds = time.Since(closeAt).Seconds()
-		r.metrics.observeCommit(time.Since(closeAt))
-	}
-	if len(r.commitLog) < 1024 {
-		r.commitLog = append(r.commitLog, ev)
-	}
-	r.cond.Broadcast()
-	r.mu.Unlock()
-	r.cfg.Logger.Debug("epoch committed", "flow", r.cfg.FlowID, "epoch", target, "objects", len(rec.Objects))
-	select {
-	case r.maint <- target:
-	default:
-		// Maintenance is busy; it picks up the newest commit next round.
-	}
-}
-
-// promoteWhole returns objs with the segments of whole-state epoch at (at
-// most one per worker: a worker left without keys cuts none) taking the
-// place of every object up to that epoch, as a compaction at that epoch
-// would: they are named compacted state, so a restore reads nothing older
-// and compaction counts from them. With no segment at all the state is
-// empty at at, and so is the list up to it.
-func promoteWhole(objs, whole []ObjectRef, at int64) []ObjectRef {
-	keep := make([]ObjectRef, 0, len(objs))
-	for _, o := range whole {
-		o.Kind = KindCompacted
-		keep = append(keep, o)
-	}
-	for _, o := range objs {
-		if o.LastEpoch > at {
-			keep = append(keep, o)
-		}
-	}
-	sortObjects(keep)
-	return keep
-}
-
-// ErrSuperseded is wrapped when a newer execution of the same flow has
-// started against the same backup: this run stops committing, so the two
-// never interleave their commit records.
-var ErrSuperseded = errors.New("a newer execution of this flow is running")
-
-// checkNotSuperseded fences this run off when a newer execution record
-// exists (the same flow started again, say on another machine with its own
-// local state directory). The newest execution wins; the older one fails
-// before its next commit instead of mixing states with it.
-func (r *Run) checkNotSuperseded(ctx context.Context) error {
-	objs, err := r.cfg.Backup.List(ctx, flowPrefix(r.cfg.FlowID)+executionsDir)
-	if err != nil {
-		return nil // a listing hiccup is not evidence; the commit goes on
-	}
-	for _, o := range objs {
-		if x, ok := numberAfter(o.Key, executionsDir); ok && x > r.execution {
-			return fmt.Errorf("%w: flow %q execution %d started on %s after this execution %d; this run stops committing (at epoch %d) so the two cannot mix; stop one of them",
-				ErrSuperseded, r.cfg.FlowID, x, r.cfg.Backup, r.execution, r.committed)
-		}
-	}
-	return nil
-}
-
-// Committed returns the newest committed epoch.
-func (r *Run) Committed() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.committed
-}
-
 // Finish waits until every epoch that all workers closed is committed (or
 // the pipeline failed), then stops the background work. With aborted set
 // an epoch that not every worker closed is dropped, as a crash would.
@@ -993,6 +342,7 @@ func (r *Run) Finish(aborted bool) error {
 		<-p.done
 	}
 	r.dropHandoffs()
+	r.releaseAllHeld()
 	r.mu.Lock()
 	target := r.committed
 	for e := r.committed + 1; ; e++ {
@@ -1053,114 +403,4 @@ func (r *Run) Close() error {
 		}
 	}
 	return first
-}
-
-// CommitEvent describes one commit, for logs.
-type CommitEvent struct {
-	Epoch          int64   `json:"epoch"`
-	Objects        int     `json:"objects"`
-	Rows           int64   `json:"rows"`
-	Bytes          int64   `json:"bytes"`
-	LatencySeconds float64 `json:"latency_seconds"`
-}
-
-// DrainCommits returns the commits since the last call (at most 1024 are
-// kept between calls).
-func (r *Run) DrainCommits() []CommitEvent {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.commitLog
-	r.commitLog = nil
-	return out
-}
-
-// Metrics reports what the pipeline did, for users and benchmarks.
-type Metrics struct {
-	CommittedEpoch      int64
-	Commits             int64
-	SegmentsUploaded    int64
-	BytesUploaded       int64
-	UploadSeconds       float64
-	BackpressureSeconds float64
-	Compactions         int64
-	// WholeEpochs counts commits whose newest whole-state epoch (markWhole)
-	// took the place of a compaction.
-	WholeEpochs    int64
-	ObjectsDeleted int64
-	// LocalGCSeconds and CompactionSeconds are the background time spent
-	// collecting the local stores and compacting the durable store.
-	LocalGCSeconds    float64
-	CompactionSeconds float64
-	// LocalWriteSeconds is the time the local stores spent writing
-	// snapshot batches (in the background, beside the flow).
-	LocalWriteSeconds float64
-	// CommitLatencies are seconds from the first close of an epoch to its
-	// commit, newest last (at most 4096 kept).
-	CommitLatencies []float64
-}
-
-func (m *Metrics) observeCommit(d time.Duration) {
-	m.CommitLatencies = append(m.CommitLatencies, d.Seconds())
-	if len(m.CommitLatencies) > 4096 {
-		m.CommitLatencies = m.CommitLatencies[len(m.CommitLatencies)-4096:]
-	}
-}
-
-// Metrics returns a copy of the run's metrics.
-func (r *Run) Metrics() Metrics {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	m := r.metrics
-	m.CommitLatencies = append([]float64(nil), r.metrics.CommitLatencies...)
-	m.CommittedEpoch = r.committed
-	for _, s := range r.stores {
-		if s != nil {
-			m.LocalWriteSeconds += s.WriteSeconds()
-		}
-	}
-	return m
-}
-
-// Percentile returns the p-th percentile (0-100) of xs, 0 if empty.
-func Percentile(xs []float64, p float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	i := int(float64(len(s)-1) * p / 100)
-	return s[i]
-}
-
-// maxCheckpointHold bounds how long waitCommitsIdle holds a local store's
-// checkpoint back.
-const maxCheckpointHold = time.Second
-
-// waitCommitsIdle returns once no closed epoch is waiting for its commit,
-// or after maxCheckpointHold. Local stores call it before a background
-// checkpoint: the checkpoint's fsyncs, running while a segment was sealed
-// and linked into a DirBackup, made the segment's own fsyncs wait behind
-// them.
-func (r *Run) waitCommitsIdle() {
-	deadline := time.Now().Add(maxCheckpointHold)
-	for {
-		r.mu.Lock()
-		busy := r.err == nil && !r.stopped && r.commitPendingLocked()
-		r.mu.Unlock()
-		if !busy || time.Now().After(deadline) {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// commitPendingLocked reports whether some worker closed an epoch that is
-// not committed yet. r.mu is held.
-func (r *Run) commitPendingLocked() bool {
-	for _, es := range r.epochs {
-		if es.closeSet {
-			return true
-		}
-	}
-	return false
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/millpond/millpond/gostore/backup"
 	"github.com/millpond/millpond/gostore/durable"
 	"github.com/millpond/millpond/gostore/localstore"
+	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
 // A local store left behind on one machine holds epochs that never
@@ -33,7 +34,7 @@ func TestStaleLocalStoreFromAnotherMachine(t *testing.T) {
 	// Machine A writes epochs 4 and 5 locally and dies before they commit.
 	run, _ = h.open(h.config(1))
 	for e := int64(4); e <= 5; e++ {
-		_, err := run.Write(ctx, 0, e, rowsOf([]string{"key-00001", "key-00002", "only-on-a"}, "A-uncommitted", false))
+		_, err := run.Write(ctx, 0, rowbatch.NewBatch(e, rowsOf([]string{"key-00001", "key-00002", "only-on-a"}, "A-uncommitted", false), false))
 		require.NoError(t, err)
 	}
 	require.NoError(t, run.Close())

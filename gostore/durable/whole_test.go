@@ -74,11 +74,7 @@ func TestWholeEpochTakesThePlaceOfOlderObjects(t *testing.T) {
 			rows := wholeRows(h.m, 4)
 			for w, part := range route(rows, c.workers, h.kgc) {
 				require.NotEmpty(t, part, "worker %d", w)
-				write := run.Write
-				if c.marked(w) {
-					write = run.WriteWhole
-				}
-				_, err := write(ctx, w, 4, part)
+				_, err := run.Write(ctx, w, rowbatch.NewBatch(4, part, c.marked(w)))
 				require.NoError(t, err)
 			}
 			for w := 0; w < c.workers; w++ {
@@ -175,11 +171,7 @@ func TestWholeEpochCommittedWithLaterEpochs(t *testing.T) {
 			rows = wholeRows(h.m, e)
 		}
 		for w, part := range route(rows, 2, h.kgc) {
-			write := run.Write
-			if e == 4 {
-				write = run.WriteWhole
-			}
-			_, err := write(ctx, w, e, part)
+			_, err := run.Write(ctx, w, rowbatch.NewBatch(e, part, e == 4))
 			require.NoError(t, err)
 		}
 		for w := 0; w < 2; w++ {
@@ -221,7 +213,7 @@ func TestWholeEpochsStopAnywhereAndResume(t *testing.T) {
 			for e := int64(2); e <= stopAfter; e++ {
 				rows := wholeRows(h.m, e)
 				for w, part := range route(rows, workers, h.kgc) {
-					_, err := run.WriteWhole(ctx, w, e, part)
+					_, err := run.Write(ctx, w, rowbatch.NewBatch(e, part, true))
 					require.NoError(t, err)
 				}
 				for w := 0; w < workers; w++ {
@@ -281,7 +273,7 @@ func TestFailedRunDoesNotHoldUpTheLocalStore(t *testing.T) {
 	require.NoError(t, h.epoch(run, 1, 1, rowsOf([]string{"a", "b"}, "1", false)))
 	// Epoch 2's segment is not cut before its close, which comes after the
 	// failure.
-	_, err := run.WriteWhole(ctx, 0, 2, rowsOf([]string{"a", "b"}, "2", false))
+	_, err := run.Write(ctx, 0, rowbatch.NewBatch(2, rowsOf([]string{"a", "b"}, "2", false), true))
 	require.NoError(t, err)
 	close(gate.open)
 	require.Eventually(t, func() bool { return run.Err() != nil }, waitFor, tick)
@@ -355,7 +347,7 @@ func TestWholeEpochDropsItsDeletions(t *testing.T) {
 				all = append(all, part...)
 			}
 			for w, part := range parts {
-				_, err := run.WriteWhole(ctx, w, 4, part)
+				_, err := run.Write(ctx, w, rowbatch.NewBatch(4, part, true))
 				require.NoError(t, err)
 				if c.interleave {
 					require.NoError(t, run.CloseEpoch(w, 4))

@@ -16,7 +16,7 @@ import (
 	"github.com/millpond/millpond/gostore/snapfile"
 )
 
-// A whole-state write (WriteAsyncWhole) holds every key the worker has, so
+// A whole-state batch (rowbatch.Batch.Whole) holds every key the worker has, so
 // nothing already in the store is needed once its epoch commits. Rather
 // than writing it over the store and then collecting every row it
 // superseded, the store starts a new generation: the batch goes into an
@@ -54,7 +54,7 @@ func removeStaged(wdir string) error {
 }
 
 // StageGeneration copies a sealed segment that holds exactly a whole-state
-// batch (WriteAsyncStaged) into the store's directory and returns the
+// batch (WriteAsync with staged) into the store's directory and returns the
 // copy's path, to be handed to the batch's writer. The segment is written
 // anyway, for the durable store; copying it, rather than writing the same
 // rows into a new file a second time, makes a whole epoch's local write

@@ -48,9 +48,9 @@ func stored(t *testing.T, dir string) *Store {
 	ctx := context.Background()
 	s, err := Open(ctx, cfg(dir), 0)
 	require.NoError(t, err)
-	_, err = s.Write(ctx, 1, []rowbatch.Row{put("a", "1"), put("b", "1"), put("c", "1")})
+	_, err = s.Write(ctx, rowbatch.NewBatch(1, []rowbatch.Row{put("a", "1"), put("b", "1"), put("c", "1")}, false))
 	require.NoError(t, err)
-	_, err = s.Write(ctx, 2, []rowbatch.Row{put("a", "2")})
+	_, err = s.Write(ctx, rowbatch.NewBatch(2, []rowbatch.Row{put("a", "2")}, false))
 	require.NoError(t, err)
 	return s
 }
@@ -64,8 +64,8 @@ func TestWholeWriteStartsAGenerationThatReplacesTheStoreOnCommit(t *testing.T) {
 	wdir := WorkerDir(dir, "wc", 0)
 	s := stored(t, dir)
 	defer s.Close()
-	require.NoError(t, s.WriteAsyncWhole(3, []rowbatch.Row{put("a", "3"), put("d", "3"), del("b")}))
-	require.NoError(t, s.WriteAsync(4, []rowbatch.Row{put("d", "4")}))
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, []rowbatch.Row{put("a", "3"), put("d", "3"), del("b")}, true), nil))
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(4, []rowbatch.Row{put("d", "4")}, false), nil))
 	require.NoError(t, s.Flush())
 	want := map[string]string{"a": "3", "d": "4"}
 	assert.Equal(t, want, contents(t, s), "c was not in the whole state: it has none")
@@ -125,7 +125,7 @@ func TestWaitingGenerationIsSettledByTheResumeEpoch(t *testing.T) {
 			ctx := context.Background()
 			dir := t.TempDir()
 			s := stored(t, dir)
-			require.NoError(t, s.WriteAsyncWhole(3, []rowbatch.Row{put("a", "3"), put("d", "3"), del("b")}))
+			require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, []rowbatch.Row{put("a", "3"), put("d", "3"), del("b")}, true), nil))
 			require.NoError(t, s.Close())
 			s, err := Open(ctx, cfg(dir), c.resume)
 			require.NoError(t, err)
@@ -176,13 +176,13 @@ func TestDeleteFromDropsAWaitingGeneration(t *testing.T) {
 	ctx := context.Background()
 	s := stored(t, t.TempDir())
 	defer s.Close()
-	require.NoError(t, s.WriteAsyncWhole(3, []rowbatch.Row{put("a", "3")}))
-	require.NoError(t, s.WriteAsync(4, []rowbatch.Row{put("e", "4")}))
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, []rowbatch.Row{put("a", "3")}, true), nil))
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(4, []rowbatch.Row{put("e", "4")}, false), nil))
 	_, err := s.DeleteFrom(ctx, 3)
 	require.NoError(t, err)
 	assert.Equal(t, map[string]string{"a": "2", "b": "1", "c": "1"}, contents(t, s))
 	assert.Equal(t, int64(2), s.Meta().LastEpoch)
-	_, err = s.Write(ctx, 3, []rowbatch.Row{put("b", "3")})
+	_, err = s.Write(ctx, rowbatch.NewBatch(3, []rowbatch.Row{put("b", "3")}, false))
 	require.NoError(t, err)
 	got := contents(t, s)
 	keys := make([]string, 0, len(got))
@@ -238,14 +238,14 @@ func TestStagedWholeBatch(t *testing.T) {
 			s := stored(t, dir)
 			defer s.Close()
 			staged := make(chan string, 1)
-			require.NoError(t, s.WriteAsyncStaged(3, whole(), staged))
+			require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, whole(), true), staged))
 			if seg := c.segment(t); seg != "" {
 				path, err := s.StageGeneration(seg)
 				require.NoError(t, err)
 				staged <- path
 			}
 			close(staged)
-			require.NoError(t, s.WriteAsync(4, []rowbatch.Row{put("e", "4")}))
+			require.NoError(t, s.WriteAsync(rowbatch.NewBatch(4, []rowbatch.Row{put("e", "4")}, false), nil))
 			require.NoError(t, s.Flush())
 			want := map[string]string{"a": "3", "d": "3", "e": "4"}
 			assert.Equal(t, want, contents(t, s))
@@ -288,8 +288,8 @@ func TestTwoStagedEpochsInFlight(t *testing.T) {
 	third := []rowbatch.Row{put("a", "3"), put("d", "3")}
 	fourth := []rowbatch.Row{put("a", "4"), put("d", "4"), put("f", "4")}
 	ch3, ch4 := make(chan string, 1), make(chan string, 1)
-	require.NoError(t, s.WriteAsyncStaged(3, third, ch3))
-	require.NoError(t, s.WriteAsyncStaged(4, fourth, ch4))
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, third, true), ch3))
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(4, fourth, true), ch4))
 	p3, err := s.StageGeneration(segmentOf(t, 3, third, 0))
 	require.NoError(t, err)
 	p4, err := s.StageGeneration(segmentOf(t, 4, fourth, 0))

@@ -5,6 +5,13 @@
 //
 // It serves fast resume (read state locally instead of from the durable
 // store) and reads of keys that are not live in memory.
+//
+// A store runs three kinds of background work, each in a file of its own:
+// the writer (writer.go) writes queued batches in order; the checkpointer
+// (checkpoint.go) folds small writes, builds the epoch index and
+// checkpoints the write-ahead log; generations (generation.go) let a
+// whole-state batch replace the store once its epoch commits. store.go
+// holds opening, reads, rollback, GC and closing; lock.go the file lock.
 package localstore
 
 import (
@@ -16,7 +23,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/rowbatch"
@@ -44,6 +50,10 @@ type Config struct {
 	// Execution is recorded in the store's metadata as the last execution
 	// that opened it.
 	Execution int64
+	// GenerationMinRows: a whole batch of at least this many rows starts a
+	// new generation of the store (StartsGeneration); 0 lets any whole
+	// batch with rows start one.
+	GenerationMinRows int
 }
 
 // Validate checks the config and returns an error that says what to change.
@@ -136,17 +146,6 @@ type Store struct {
 
 	// writeNanos is the time spent in writes, for metrics.
 	writeNanos atomic.Int64
-}
-
-type asyncBatch struct {
-	epoch int64
-	rows  []rowbatch.Row
-	// whole marks a batch that is the worker's whole state; commit marks
-	// no batch, only a commit to act on.
-	whole, commit bool
-	// staged, for a whole batch, delivers the path of its segment's copy
-	// (StageGeneration), or is closed without one.
-	staged <-chan string
 }
 
 // Open opens (or creates) the worker's store, taking its lock. With
@@ -290,99 +289,6 @@ func Remove(dir, flowID string, worker int) error {
 	return nil
 }
 
-func (s *Store) runCheckpoints() {
-	defer close(s.ckptDone)
-	for {
-		select {
-		case <-s.quit:
-			return
-		case <-s.kick:
-			ctx := context.Background()
-			// Small writes wait in the file's recent table; folding them
-			// into the main table here keeps its page writes off the
-			// writer's path. A failed fold is retried at the next kick
-			// (and GC folds first anyway).
-			s.mu.Lock()
-			f, gen := s.target(), s.fileGen.Load()
-			if f != nil && f.RecentRows() >= foldRows {
-				f.FoldRecent(ctx)
-			}
-			if f != nil && s.next == nil {
-				// After a store's first write; GC and rollback would
-				// build it anyway. (A waiting generation goes without:
-				// if the next write is whole too, it is never needed.)
-				f.EnsureIndex(ctx)
-			}
-			due := f != nil && f.NeedsCheckpoint()
-			s.mu.Unlock()
-			if !due {
-				continue
-			}
-			if gate := s.ckptGate.Load(); gate != nil {
-				(*gate)()
-			}
-			// The long copy runs beside writers; only the short truncation
-			// at the end takes the store's lock. A failed checkpoint only
-			// leaves the WAL longer, and one of a file a generation
-			// replaced meanwhile finds it gone.
-			s.passiveMu.Lock()
-			if s.fileGen.Load() == gen {
-				f.CheckpointPassive(ctx)
-			}
-			s.passiveMu.Unlock()
-			s.mu.Lock()
-			if f := s.target(); f != nil {
-				f.Checkpoint(ctx)
-			}
-			s.mu.Unlock()
-		}
-	}
-}
-
-// SetCheckpointGate makes the background checkpointer call wait before
-// it checkpoints (a checkpoint fsyncs the WAL and the file). The recovery
-// run uses it to hold checkpoints back while an epoch's segments are being
-// made durable, so the two do not queue behind each other on the disk.
-// wait should return within a bounded time; a writer whose WAL grows past
-// twice the checkpoint threshold meanwhile checkpoints inline, gate or not.
-func (s *Store) SetCheckpointGate(wait func()) {
-	if wait == nil {
-		s.ckptGate.Store(nil)
-		return
-	}
-	s.ckptGate.Store(&wait)
-}
-
-// foldRows is how many rows may wait in a store's recent table before the
-// background goroutine folds them into the main table.
-const foldRows = 4096
-
-// maybeCheckpoint asks the background goroutine to fold the recent table,
-// build the epoch index or checkpoint the WAL, whichever is due. The caller
-// holds s.mu.
-func (s *Store) maybeCheckpoint() {
-	f := s.target()
-	if f.RecentRows() >= foldRows || (s.next == nil && f.IndexPending()) {
-		select {
-		case s.kick <- struct{}{}:
-		default:
-		}
-	}
-	if !f.NeedsCheckpoint() {
-		return
-	}
-	select {
-	case s.kick <- struct{}{}:
-	default:
-		// A checkpoint is already pending and the WAL kept growing: when
-		// it is twice due, the writer checkpoints itself, which bounds the
-		// WAL however fast writes come.
-		if f.CheckpointOverdue() {
-			f.Checkpoint(context.Background())
-		}
-	}
-}
-
 // Config returns the store's config.
 func (s *Store) Config() Config { return s.cfg }
 
@@ -402,224 +308,6 @@ func (s *Store) Path() string {
 }
 
 var errClosed = errors.New("local store is closed")
-
-// Write stores a snapshot batch at epoch in one transaction.
-func (s *Store) Write(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
-	if err := s.Flush(); err != nil {
-		return 0, err
-	}
-	return s.write(ctx, epoch, rows)
-}
-
-// WriteAsync queues a snapshot batch to be written in the background, in
-// order with every other write, and returns at once; rows must not change
-// afterwards. A failed background write is returned by the next call.
-// Recovery uses it to keep the local store's write off the flow's path:
-// the durable segments do not depend on it, and a local store that lags
-// the committed epoch after a crash is rebuilt, never trusted.
-func (s *Store) WriteAsync(epoch int64, rows []rowbatch.Row) error {
-	return s.enqueue(asyncBatch{epoch: epoch, rows: rows})
-}
-
-// WriteAsyncWhole is WriteAsync for a batch that holds the worker's whole
-// state: every key with state is written (or deleted) in it. It starts a
-// new generation of the store instead of writing over the old one, which
-// spares collecting every row the batch supersedes; the new generation
-// replaces the old once epoch commits (NoteCommitted).
-func (s *Store) WriteAsyncWhole(epoch int64, rows []rowbatch.Row) error {
-	return s.enqueue(asyncBatch{epoch: epoch, rows: rows, whole: true})
-}
-
-// WriteAsyncStaged is WriteAsyncWhole for a batch whose segment will be
-// staged (StageGeneration) and its copy's path sent on staged: the writer
-// takes the copy as the new generation instead of writing the rows again.
-// If staged is closed without a path, the rows are written after all. The
-// writer waits for it in order with the other writes, so the caller must
-// make sure the segment gets sealed or staged closed (reads and Flush wait
-// for it too).
-func (s *Store) WriteAsyncStaged(epoch int64, rows []rowbatch.Row, staged <-chan string) error {
-	return s.enqueue(asyncBatch{epoch: epoch, rows: rows, whole: true, staged: staged})
-}
-
-// NoteCommitted tells the store that epoch is committed, so that a
-// generation waiting for it can replace the old one. It never waits: the
-// replacement happens after the queued writes, or at the next Flush.
-func (s *Store) NoteCommitted(epoch int64) {
-	for {
-		old := s.committed.Load()
-		if epoch <= old || s.committed.CompareAndSwap(old, epoch) {
-			break
-		}
-	}
-	s.asyncMu.Lock()
-	defer s.asyncMu.Unlock()
-	if s.async == nil {
-		return // nothing written yet (or closed): nothing waits
-	}
-	select {
-	case s.async <- asyncBatch{commit: true}:
-		// The writer counts it done under asyncMu, held here.
-		s.pending++
-	default:
-		// The writer is busy; it looks at the committed epoch after
-		// each batch anyway.
-	}
-}
-
-func (s *Store) enqueue(b asyncBatch) error {
-	s.asyncOnce.Do(func() {
-		ch := make(chan asyncBatch, 4)
-		s.asyncMu.Lock()
-		s.async, s.asyncDone = ch, make(chan struct{})
-		s.asyncMu.Unlock()
-		go s.runAsync(ch, s.asyncDone)
-	})
-	s.asyncMu.Lock()
-	if err := s.asyncErr; err != nil {
-		s.asyncMu.Unlock()
-		return err
-	}
-	ch := s.async
-	s.pending++
-	s.asyncMu.Unlock()
-	ch <- b
-	return nil
-}
-
-func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
-	defer close(done)
-	for b := range ch {
-		var err error
-		if s.asyncError() == nil {
-			ctx := context.Background()
-			// A generation whose epoch committed since the last batch is
-			// promoted first, so a whole batch right behind it starts one
-			// of its own.
-			err = s.promoteCommitted(ctx)
-			switch {
-			case err != nil:
-			case b.commit:
-			case b.staged != nil:
-				_, err = s.writeStaged(ctx, b)
-			case b.whole && len(b.rows) > 0:
-				_, err = s.writeWhole(ctx, b.epoch, b.rows)
-			default:
-				_, err = s.write(ctx, b.epoch, b.rows)
-			}
-		}
-		s.asyncMu.Lock()
-		if err != nil && s.asyncErr == nil {
-			s.asyncErr = fmt.Errorf("background write of epoch %d: %w", b.epoch, err)
-		}
-		s.pending--
-		if s.pending == 0 {
-			s.idle.Broadcast()
-		}
-		s.asyncMu.Unlock()
-	}
-}
-
-func (s *Store) asyncError() error {
-	s.asyncMu.Lock()
-	defer s.asyncMu.Unlock()
-	return s.asyncErr
-}
-
-// Flush waits until every queued background write is done, and a
-// generation whose epoch committed has replaced the old one, and returns
-// the first error, if any.
-func (s *Store) Flush() error {
-	s.waitIdle()
-	if err := s.asyncError(); err != nil {
-		return err
-	}
-	return s.promoteCommitted(context.Background())
-}
-
-func (s *Store) promoteCommitted(ctx context.Context) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.maybePromote(ctx)
-}
-
-func (s *Store) writeStaged(ctx context.Context, b asyncBatch) (int, error) {
-	path, ok := <-b.staged
-	if !ok || path == "" {
-		return s.writeWhole(ctx, b.epoch, b.rows)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.file == nil {
-		removeFile(path)
-		return 0, errClosed
-	}
-	n, err := s.adoptStaged(ctx, b.epoch, path, b.rows)
-	if err != nil {
-		// The copy was the shortcut; the rows are the batch itself.
-		return s.startGeneration(ctx, b.epoch, b.rows)
-	}
-	return n, nil
-}
-
-func (s *Store) writeWhole(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.file == nil {
-		return 0, errClosed
-	}
-	return s.startGeneration(ctx, epoch, rows)
-}
-
-func (s *Store) waitIdle() {
-	s.asyncMu.Lock()
-	for s.pending > 0 {
-		s.idle.Wait()
-	}
-	s.asyncMu.Unlock()
-}
-
-func (s *Store) write(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.file == nil {
-		return 0, errClosed
-	}
-	return s.writeLocked(ctx, epoch, rows)
-}
-
-func (s *Store) writeLocked(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
-	f := s.target()
-	if m := f.Meta(); epoch < 1 || epoch < m.LastEpoch {
-		return 0, fmt.Errorf("write to %s at epoch %d: epochs start at 1 and never go back (last written: %d)", f.Path(), epoch, m.LastEpoch)
-	}
-	for i := range rows {
-		// Only assign when needed: batches shared with other readers
-		// already carry their epoch, and a write would race with them.
-		if rows[i].Epoch != epoch {
-			rows[i].Epoch = epoch
-		}
-	}
-	if len(rows) == 0 {
-		m := f.Meta()
-		if epoch <= m.LastEpoch {
-			return 0, nil
-		}
-		m.LastEpoch = epoch
-		return 0, f.UpdateMeta(ctx, m)
-	}
-	start := time.Now()
-	n, err := f.Write(ctx, rows)
-	s.writeNanos.Add(int64(time.Since(start)))
-	if err == nil {
-		s.maybeCheckpoint()
-	}
-	return n, err
-}
-
-// WriteSeconds is the time spent writing batches since the store opened.
-func (s *Store) WriteSeconds() float64 {
-	return time.Duration(s.writeNanos.Load()).Seconds()
-}
 
 // Restore writes rows that keep their own epochs (a rebuild from durable
 // segments) and then marks the store as holding every epoch up to

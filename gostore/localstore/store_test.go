@@ -34,9 +34,9 @@ func TestOpenWriteReopenResumes(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(ctx, cfg(dir), 0)
 	require.NoError(t, err)
-	_, err = s.Write(ctx, 1, []rowbatch.Row{put("a", "1"), put("b", "1")})
+	_, err = s.Write(ctx, rowbatch.NewBatch(1, []rowbatch.Row{put("a", "1"), put("b", "1")}, false))
 	require.NoError(t, err)
-	_, err = s.Write(ctx, 2, []rowbatch.Row{put("a", "2")})
+	_, err = s.Write(ctx, rowbatch.NewBatch(2, []rowbatch.Row{put("a", "2")}, false))
 	require.NoError(t, err)
 	require.NoError(t, s.Close())
 
@@ -56,7 +56,7 @@ func TestEmptyWriteAdvancesLastEpoch(t *testing.T) {
 	s, err := Open(ctx, cfg(t.TempDir()), 0)
 	require.NoError(t, err)
 	defer s.Close()
-	_, err = s.Write(ctx, 5, nil)
+	_, err = s.Write(ctx, rowbatch.NewBatch(5, nil, false))
 	require.NoError(t, err)
 	assert.Equal(t, int64(5), s.Meta().LastEpoch)
 }
@@ -82,10 +82,10 @@ func TestRemoveRefusesAStoreInUse(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(ctx, cfg(dir), 0)
 	require.NoError(t, err)
-	_, err = s.Write(ctx, 1, []rowbatch.Row{put("a", "1")})
+	_, err = s.Write(ctx, rowbatch.NewBatch(1, []rowbatch.Row{put("a", "1")}, false))
 	require.NoError(t, err)
 	require.ErrorIs(t, Remove(dir, "wc", 0), ErrLocked)
-	_, err = s.Write(ctx, 2, []rowbatch.Row{put("a", "2")})
+	_, err = s.Write(ctx, rowbatch.NewBatch(2, []rowbatch.Row{put("a", "2")}, false))
 	require.NoError(t, err, "the store is still there for its owner")
 	require.NoError(t, s.Close())
 	require.NoError(t, Remove(dir, "wc", 0))
@@ -104,14 +104,14 @@ func TestBackgroundFoldsBufferedWrites(t *testing.T) {
 	for i := range big {
 		big[i] = rowbatch.Row{StepID: "wc.count", Key: fmt.Sprintf("k%06d", i), Value: make([]byte, 100)}
 	}
-	_, err = s.Write(ctx, 1, big)
+	_, err = s.Write(ctx, rowbatch.NewBatch(1, big, false))
 	require.NoError(t, err)
 	for e := int64(2); e < 6; e++ {
 		small := make([]rowbatch.Row, foldRows/3)
 		for i := range small {
 			small[i] = put(fmt.Sprintf("k%06d", i*7), fmt.Sprint(e))
 		}
-		_, err = s.Write(ctx, e, small)
+		_, err = s.Write(ctx, rowbatch.NewBatch(e, small, false))
 		require.NoError(t, err)
 	}
 	require.Eventually(t, func() bool {
@@ -185,8 +185,20 @@ func TestConfigValidation(t *testing.T) {
 			require.ErrorContains(t, err, c.msg)
 		})
 	}
-	_, err := Open(context.Background(), cfg("/nonexistent/state/dir"), 0)
-	require.ErrorContains(t, err, "/nonexistent/state/dir")
+}
+
+func TestOpenMakesTheLocalStateDirAndRefusesAFile(t *testing.T) {
+	ctx := context.Background()
+	missing := filepath.Join(t.TempDir(), "not", "yet")
+	s, err := Open(ctx, cfg(missing), 0)
+	require.NoError(t, err)
+	require.NoError(t, s.Close())
+	assert.DirExists(t, WorkerDir(missing, "wc", 0))
+
+	file := filepath.Join(t.TempDir(), "afile")
+	require.NoError(t, os.WriteFile(file, []byte("x"), 0o644))
+	_, err = Open(ctx, cfg(file), 0)
+	require.ErrorContains(t, err, file+" exists and is not a directory")
 }
 
 func TestGCRemovesSupersededRowsIncrementally(t *testing.T) {
@@ -195,7 +207,7 @@ func TestGCRemovesSupersededRowsIncrementally(t *testing.T) {
 	require.NoError(t, err)
 	defer s.Close()
 	for e := int64(1); e <= 5; e++ {
-		_, err := s.Write(ctx, e, []rowbatch.Row{put("a", strconv.FormatInt(e, 10))})
+		_, err := s.Write(ctx, rowbatch.NewBatch(e, []rowbatch.Row{put("a", strconv.FormatInt(e, 10))}, false))
 		require.NoError(t, err)
 	}
 	n, err := s.GC(ctx, 3)
@@ -279,7 +291,7 @@ func TestCrashChild(t *testing.T) {
 		for i := range rows {
 			rows[i] = put(fmt.Sprintf("k%05d", i), strconv.FormatInt(e, 10))
 		}
-		_, err := s.Write(ctx, e, rows)
+		_, err := s.Write(ctx, rowbatch.NewBatch(e, rows, false))
 		require.NoError(t, err)
 		fmt.Printf("batch %d\n", e)
 		os.Stdout.Sync()
@@ -308,7 +320,7 @@ func TestWriteAsyncKeepsOrderAndReadsSeeIt(t *testing.T) {
 		}
 	}()
 	for e := int64(1); e <= 50; e++ {
-		require.NoError(t, s.WriteAsync(e, []rowbatch.Row{put("k", strconv.FormatInt(e, 10))}))
+		require.NoError(t, s.WriteAsync(rowbatch.NewBatch(e, []rowbatch.Row{put("k", strconv.FormatInt(e, 10))}, false), nil))
 		r, found, err := s.Get(ctx, "wc.count", "k")
 		require.NoError(t, err)
 		require.True(t, found)
@@ -324,11 +336,11 @@ func TestWriteAsyncErrorSurfacesOnNextCall(t *testing.T) {
 	s, err := Open(ctx, cfg(t.TempDir()), 0)
 	require.NoError(t, err)
 	defer s.Close()
-	require.NoError(t, s.WriteAsync(5, []rowbatch.Row{put("a", "1")}))
-	require.NoError(t, s.WriteAsync(3, []rowbatch.Row{put("a", "2")})) // goes back in time: fails in the background
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(5, []rowbatch.Row{put("a", "1")}, false), nil))
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, []rowbatch.Row{put("a", "2")}, false), nil)) // goes back in time: fails in the background
 	err = s.Flush()
 	require.ErrorContains(t, err, "never go back")
-	require.Error(t, s.WriteAsync(6, nil))
+	require.Error(t, s.WriteAsync(rowbatch.NewBatch(6, nil, false), nil))
 }
 
 // A background checkpoint waits for the gate the owner set (the recovery
@@ -355,11 +367,39 @@ func TestCheckpointWaitsForItsGate(t *testing.T) {
 	for i := range rows {
 		rows[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%06d", i), Value: make([]byte, 300)}
 	}
-	_, err = s.Write(ctx, 1, rows)
+	_, err = s.Write(ctx, rowbatch.NewBatch(1, rows, false))
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return calls.Load() > 0 }, 10*time.Second, time.Millisecond, "a checkpoint is due and asks the gate")
 	time.Sleep(50 * time.Millisecond)
 	assert.Positive(t, walBytes(), "no checkpoint while the gate holds it")
 	close(release)
 	require.Eventually(t, func() bool { return walBytes() == 0 }, 10*time.Second, time.Millisecond, "the checkpoint runs once the gate opens")
+}
+
+// Every batch handed to the store is released exactly once, whether it was
+// written synchronously, in the background, as a new generation, or after
+// the writer failed.
+func TestWritesReleaseTheirBatchOnce(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	var freed atomic.Int64
+	owned := func(epoch int64, whole bool, keys ...string) rowbatch.Batch {
+		rows := make([]rowbatch.Row, len(keys))
+		for i, k := range keys {
+			rows[i] = put(k, k)
+		}
+		b := rowbatch.NewBatch(epoch, rows, whole)
+		b.Mem = rowbatch.NewMemory(func() { freed.Add(1) })
+		return b
+	}
+	_, err = s.Write(ctx, owned(1, false, "a"))
+	require.NoError(t, err)
+	require.NoError(t, s.WriteAsync(owned(2, false, "b"), nil))
+	require.NoError(t, s.WriteAsync(owned(3, true, "a", "b"), nil))
+	require.NoError(t, s.WriteAsync(owned(1, false, "c"), nil)) // goes back in time: fails in the background
+	require.Error(t, s.Flush())
+	require.Error(t, s.WriteAsync(owned(4, false, "d"), nil), "the failure is returned by the next call")
+	assert.Equal(t, int64(5), freed.Load())
 }

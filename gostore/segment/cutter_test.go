@@ -1,4 +1,4 @@
-package compactor
+package segment
 
 import (
 	"context"
@@ -13,16 +13,6 @@ import (
 	"github.com/millpond/millpond/gostore/rowbatch"
 	"github.com/millpond/millpond/gostore/snapfile"
 )
-
-type memWriter struct{ rows []rowbatch.Row }
-
-func (m *memWriter) Write(_ context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
-	for _, r := range rows {
-		r.Epoch = epoch
-		m.rows = append(m.rows, r)
-	}
-	return len(rows), nil
-}
 
 func rows(keys ...string) []rowbatch.Row {
 	out := make([]rowbatch.Row, len(keys))
@@ -50,20 +40,20 @@ func TestModes(t *testing.T) {
 		segments []int64 // rows per emitted segment
 		epochs   []int64
 	}{
-		{Batch, []int64{3, 1}, []int64{1, 3}},
-		{Immediate, []int64{2, 1, 1}, []int64{1, 1, 3}},
+		{PerEpoch, []int64{3, 1}, []int64{1, 3}},
+		{PerBatch, []int64{2, 1, 1}, []int64{1, 1, 3}},
 	}
 	for _, c := range cases {
 		t.Run(c.mode.String(), func(t *testing.T) {
 			ctx := context.Background()
 			var got []Segment
-			comp, err := New(Config{Mode: c.mode, Dir: t.TempDir(), Meta: meta(),
+			cut, err := NewCutter(Config{Mode: c.mode, Dir: t.TempDir(), Meta: meta(),
 				Emit: func(s Segment) error { got = append(got, s); return nil }})
 			require.NoError(t, err)
 			for _, ev := range log {
-				require.NoError(t, comp.Apply(ctx, ev))
+				require.NoError(t, cut.Apply(ctx, ev))
 			}
-			require.NoError(t, comp.Close())
+			require.NoError(t, cut.Close())
 			require.Len(t, got, len(c.segments))
 			for i, s := range got {
 				assert.Equal(t, c.segments[i], s.Rows)
@@ -84,31 +74,21 @@ func TestModes(t *testing.T) {
 	}
 }
 
-func TestRetainedWritesThrough(t *testing.T) {
-	w := &memWriter{}
-	comp, err := New(Config{Mode: Retained, Target: w})
-	require.NoError(t, err)
-	require.NoError(t, comp.Apply(context.Background(), Event{Epoch: 4, Rows: rows("x")}))
-	require.NoError(t, comp.Apply(context.Background(), Event{Epoch: 4, Close: true}))
-	require.Len(t, w.rows, 1)
-	assert.Equal(t, int64(4), w.rows[0].Epoch)
-}
-
 func TestCloseDiscardsUnfinishedSegment(t *testing.T) {
 	dir := t.TempDir()
-	comp, err := New(Config{Mode: Batch, Dir: dir, Meta: meta(), Emit: func(Segment) error { return nil }})
+	cut, err := NewCutter(Config{Mode: PerEpoch, Dir: dir, Meta: meta(), Emit: func(Segment) error { return nil }})
 	require.NoError(t, err)
-	require.NoError(t, comp.Apply(context.Background(), Event{Epoch: 1, Rows: rows("a")}))
-	require.NoError(t, comp.Close())
+	require.NoError(t, cut.Apply(context.Background(), Event{Epoch: 1, Rows: rows("a")}))
+	require.NoError(t, cut.Close())
 	left, _ := filepath.Glob(filepath.Join(dir, "*"))
 	assert.Empty(t, left)
 }
 
 func TestConfigErrors(t *testing.T) {
-	_, err := New(Config{Mode: Retained})
-	require.ErrorContains(t, err, "target")
-	_, err = New(Config{Mode: Batch})
+	_, err := NewCutter(Config{Mode: PerEpoch})
 	require.ErrorContains(t, err, "directory")
+	_, err = NewCutter(Config{Mode: Mode(7), Dir: t.TempDir(), Emit: func(Segment) error { return nil }})
+	require.ErrorContains(t, err, "unknown mode")
 }
 
 // A segment whose first batch is large gets large pages; a small one keeps
@@ -130,12 +110,12 @@ func TestSegmentPageSizeFollowsTheFirstBatch(t *testing.T) {
 				keys[i] = fmt.Sprintf("k%06d", i)
 			}
 			var got []Segment
-			comp, err := New(Config{Mode: Batch, Dir: t.TempDir(), Meta: meta(),
+			cut, err := NewCutter(Config{Mode: PerEpoch, Dir: t.TempDir(), Meta: meta(),
 				Emit: func(s Segment) error { got = append(got, s); return nil }})
 			require.NoError(t, err)
-			require.NoError(t, comp.Apply(ctx, Event{Epoch: 1, Rows: rows(keys...)}))
-			require.NoError(t, comp.Apply(ctx, Event{Epoch: 1, Close: true}))
-			require.NoError(t, comp.Close())
+			require.NoError(t, cut.Apply(ctx, Event{Epoch: 1, Rows: rows(keys...)}))
+			require.NoError(t, cut.Apply(ctx, Event{Epoch: 1, Close: true}))
+			require.NoError(t, cut.Close())
 			require.Len(t, got, 1)
 			db, err := sql.Open("sqlite", got[0].Path)
 			require.NoError(t, err)

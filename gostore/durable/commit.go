@@ -1,0 +1,265 @@
+package durable
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/segment"
+)
+
+type epochState struct {
+	closed   int
+	pending  int
+	objects  []ObjectRef
+	closeAt  time.Time
+	closeSet bool
+	// whole holds the workers whose rows of the epoch are their whole
+	// state (markWhole).
+	whole map[int]bool
+	// bare holds the whole workers that cut no segment of the epoch: no
+	// key left, and their deletions were dropped (or there were none).
+	bare map[int]bool
+	// dropped: some worker's deletions were dropped on the promise that
+	// the epoch is committed as compacted state (closeEpoch).
+	dropped bool
+}
+
+func (r *Run) epochLocked(e int64) *epochState {
+	es := r.epochs[e]
+	if es == nil {
+		es = &epochState{}
+		r.epochs[e] = es
+	}
+	return es
+}
+
+// CloseEpoch marks that worker w finished epoch (its snapshot is written).
+// When every worker closed it and its segments are uploaded, it commits.
+// CloseEpoch waits while more than MaxEpochsInFlight epochs are closed but
+// not committed, or while compaction or local GC is too far behind, and
+// returns the pipeline's error if it failed.
+func (r *Run) CloseEpoch(w int, epoch int64) error {
+	return r.closeEpoch(w, epoch, false)
+}
+
+// CloseLastEpoch is CloseEpoch for the last epoch of the run (its input
+// ended; Finish comes next). It does not wait for maintenance to catch up:
+// those waits bound the growth of a run that goes on, and Finish waits for
+// the commit itself.
+func (r *Run) CloseLastEpoch(w int, epoch int64) error {
+	return r.closeEpoch(w, epoch, true)
+}
+
+func (r *Run) closeEpoch(w int, epoch int64, last bool) error {
+	if r.pipes == nil {
+		return errNotRunning
+	}
+	r.mu.Lock()
+	es := r.epochLocked(epoch)
+	if !es.closeSet {
+		es.closeSet, es.closeAt = true, time.Now()
+	}
+	err := r.err
+	r.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	// A worker that wrote nothing in this epoch still holds every row of
+	// it: say so, or its next resume rebuilds a store that was current.
+	// (A no-op when rows of the epoch were written.) Queued behind the
+	// epoch's rows, so the close never waits for the local writer.
+	if err := r.stores[w].WriteAsync(rowbatch.Batch{Epoch: epoch}, nil); err != nil {
+		return err
+	}
+	if h := r.releaseHeld(w, epoch); h != nil {
+		r.sendHeld(w, h)
+	}
+	r.pipes[w].events <- pipeEvent{Event: segment.Event{Epoch: epoch, Close: true}}
+	start := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for !last && r.err == nil && !r.stopped && (epoch-r.committed > int64(r.cfg.MaxEpochsInFlight) || r.maintenanceBehindLocked()) {
+		// Maintenance runs after commits; when the debt is older than the
+		// last one (inherited from a previous run), wake it ourselves, or
+		// the wait would need a commit that this very wait holds back.
+		// (Finish sets stopped under mu before it closes maint.)
+		select {
+		case r.maint <- r.committed:
+		default:
+		}
+		r.cond.Wait()
+	}
+	if waited := time.Since(start); waited > time.Millisecond {
+		r.metrics.BackpressureSeconds += waited.Seconds()
+	}
+	return r.err
+}
+
+// tryCommit writes the commit record for the newest epoch whose every
+// worker closed it and whose segments (and every older epoch's) are
+// uploaded.
+func (r *Run) tryCommit() {
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	r.mu.Lock()
+	target := r.committed
+	var fresh, whole []ObjectRef
+	var wholeAt int64
+	var broken error
+	var closeAt time.Time
+	for e := r.committed + 1; ; e++ {
+		es := r.epochs[e]
+		if es == nil || es.closed < r.cfg.WorkerCount || es.pending > 0 {
+			break
+		}
+		target = e
+		fresh = append(fresh, es.objects...)
+		if es.closeSet {
+			closeAt = es.closeAt
+		}
+		if r.wholeLocked(es) {
+			whole, wholeAt = es.objects, e
+		} else if es.dropped && broken == nil {
+			// Its segments lack the deletions that only compacted state
+			// can do without: committed as plain segments they would
+			// bring deleted keys back.
+			broken = fmt.Errorf("epoch %d: deletions of a whole-state batch were dropped, but the epoch is not whole on every worker (%d of %d marked, %d segments); not committing it",
+				e, len(es.whole), r.cfg.WorkerCount, len(es.objects))
+		}
+	}
+	failed := r.err != nil
+	r.mu.Unlock()
+	if broken != nil {
+		r.fail(broken)
+		return
+	}
+	if target == r.committed || failed {
+		return
+	}
+	rec := CommitRecord{
+		FlowID: r.cfg.FlowID, Epoch: target, Execution: r.execution,
+		WorkerCount: r.cfg.WorkerCount, KeyGroupCount: r.cfg.KeyGroupCount,
+		Objects:       append(append([]ObjectRef{}, r.record.Objects...), fresh...),
+		CommittedUnix: time.Now().Unix(),
+	}
+	if wholeAt > 0 {
+		rec.Objects = promoteWhole(rec.Objects, whole, wholeAt)
+	}
+	sortObjects(rec.Objects)
+	if err := r.checkNotSuperseded(r.ctx); err != nil {
+		r.fail(err)
+		return
+	}
+	// A commit record is retried like a segment: one failed request must
+	// not stop the flow.
+	if err := r.retry("commit record upload", commitKey(r.cfg.FlowID, target), func() error {
+		return writeCommit(r.ctx, r.cfg.Backup, rec)
+	}); err != nil {
+		r.fail(fmt.Errorf("write commit record of epoch %d: %w", target, err))
+		return
+	}
+	r.record = rec
+	for _, s := range r.stores {
+		// A local store generation started at a whole epoch up to target
+		// may now replace the old one. (Before Committed reports target:
+		// whoever sees the commit finds the stores told.)
+		s.NoteCommitted(target)
+	}
+	r.mu.Lock()
+	for e := r.committed + 1; e <= target; e++ {
+		delete(r.epochs, e)
+	}
+	r.committed = target
+	r.segmentBytes, r.compactedBytes = objectBytes(rec.Objects)
+	r.metrics.Commits++
+	r.metrics.CommittedEpoch = target
+	if wholeAt > 0 {
+		r.metrics.WholeEpochs++
+	}
+	ev := CommitEvent{Epoch: target, Objects: len(fresh)}
+	for _, o := range fresh {
+		ev.Rows += o.Rows
+		ev.Bytes += o.Size
+	}
+	if !closeAt.IsZero() {
+		ev.LatencySeconds = time.Since(closeAt).Seconds()
+		r.metrics.observeCommit(time.Since(closeAt))
+	}
+	if len(r.commitLog) < 1024 {
+		r.commitLog = append(r.commitLog, ev)
+	}
+	r.cond.Broadcast()
+	r.mu.Unlock()
+	r.cfg.Logger.Debug("epoch committed", "flow", r.cfg.FlowID, "epoch", target, "objects", len(rec.Objects))
+	select {
+	case r.maint <- target:
+	default:
+		// Maintenance is busy; it picks up the newest commit next round.
+	}
+}
+
+// ErrSuperseded is wrapped when a newer execution of the same flow has
+// started against the same backup: this run stops committing, so the two
+// never interleave their commit records.
+var ErrSuperseded = errors.New("a newer execution of this flow is running")
+
+// checkNotSuperseded fences this run off when a newer execution record
+// exists (the same flow started again, say on another machine with its own
+// local state directory). The newest execution wins; the older one fails
+// before its next commit instead of mixing states with it.
+func (r *Run) checkNotSuperseded(ctx context.Context) error {
+	objs, err := r.cfg.Backup.List(ctx, flowPrefix(r.cfg.FlowID)+executionsDir)
+	if err != nil {
+		return nil // a listing hiccup is not evidence; the commit goes on
+	}
+	for _, o := range objs {
+		if x, ok := numberAfter(o.Key, executionsDir); ok && x > r.execution {
+			return fmt.Errorf("%w: flow %q execution %d started on %s after this execution %d; this run stops committing (at epoch %d) so the two cannot mix; stop one of them",
+				ErrSuperseded, r.cfg.FlowID, x, r.cfg.Backup, r.execution, r.committed)
+		}
+	}
+	return nil
+}
+
+// Committed returns the newest committed epoch.
+func (r *Run) Committed() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.committed
+}
+
+// maxCheckpointHold bounds how long waitCommitsIdle holds a local store's
+// checkpoint back.
+const maxCheckpointHold = time.Second
+
+// waitCommitsIdle returns once no closed epoch is waiting for its commit,
+// or after maxCheckpointHold. Local stores call it before a background
+// checkpoint: the checkpoint's fsyncs, running while a segment was sealed
+// and linked into a DirBackup, made the segment's own fsyncs wait behind
+// them.
+func (r *Run) waitCommitsIdle() {
+	deadline := time.Now().Add(maxCheckpointHold)
+	for {
+		r.mu.Lock()
+		busy := r.err == nil && !r.stopped && r.commitPendingLocked()
+		r.mu.Unlock()
+		if !busy || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// commitPendingLocked reports whether some worker closed an epoch that is
+// not committed yet. r.mu is held.
+func (r *Run) commitPendingLocked() bool {
+	for _, es := range r.epochs {
+		if es.closeSet {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,183 @@
+package durable
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/millpond/millpond/gostore/keygroup"
+	"github.com/millpond/millpond/gostore/localstore"
+	"github.com/millpond/millpond/gostore/snapfile"
+)
+
+// Compaction: when the segments written since the last compaction outgrow
+// the compacted state, each worker's whole state as of a committed epoch is
+// written into one compacted object that takes their place in the next
+// commit record.
+
+// compactionDue reports whether the segments since the last compaction
+// exceed CompactRatio times the compacted state (and CompactMinBytes).
+func (r *Run) compactionDue() bool {
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	seg, comp := objectBytes(r.record.Objects)
+	return seg >= r.cfg.CompactMinBytes && float64(seg) > r.cfg.CompactRatio*float64(comp)
+}
+
+// compactedThrough is the newest epoch a compacted object among objs
+// stands for (0 if none).
+func compactedThrough(objs []ObjectRef) int64 {
+	var e int64
+	for _, o := range objs {
+		if o.Kind == KindCompacted {
+			e = max(e, o.LastEpoch)
+		}
+	}
+	return e
+}
+
+// objectBytes sums the sizes of segments and of compacted objects.
+func objectBytes(objs []ObjectRef) (seg, comp int64) {
+	for _, o := range objs {
+		if o.Kind == KindCompacted {
+			comp += o.Size
+		} else {
+			seg += o.Size
+		}
+	}
+	return seg, comp
+}
+
+// compact writes each worker's whole state as of epoch c (newest row per
+// key, deletions dropped: nothing older remains to resurface) into one
+// compacted object per worker, uploads them, and writes a commit record
+// that names them in place of every object up to c. Until that record is
+// written the old record stands, so a crash at any point leaves correct,
+// readable state.
+func (r *Run) compact(ctx context.Context, c int64) error {
+	r.objectsMu.Lock()
+	defer r.objectsMu.Unlock()
+	// Object keys are named by epoch and execution: a second compaction
+	// at the same epoch would replace the objects the first one's record
+	// names, and a crash before its own record would leave that record
+	// naming objects whose checksums no longer match.
+	r.commitMu.Lock()
+	through := compactedThrough(r.record.Objects)
+	r.commitMu.Unlock()
+	if c <= through {
+		return nil
+	}
+	var objs []ObjectRef
+	for w, s := range r.stores {
+		dir := filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "compact")
+		os.RemoveAll(dir)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		ref, err := r.compactWorker(ctx, w, s, dir, c)
+		os.RemoveAll(dir)
+		if err != nil {
+			return err
+		}
+		objs = append(objs, ref)
+	}
+	r.commitMu.Lock()
+	defer r.commitMu.Unlock()
+	rec := r.record
+	if compactedThrough(rec.Objects) >= c {
+		// A whole-state epoch committed meanwhile already stands for
+		// this state; the objects just written are left to GC.
+		return nil
+	}
+	keep := append([]ObjectRef{}, objs...)
+	for _, o := range rec.Objects {
+		if o.LastEpoch > c {
+			keep = append(keep, o)
+		}
+	}
+	sortObjects(keep)
+	rec.Objects = keep
+	rec.Execution = r.execution
+	if err := r.checkNotSuperseded(ctx); err != nil {
+		return err
+	}
+	if err := writeCommit(ctx, r.cfg.Backup, rec); err != nil {
+		return fmt.Errorf("write compacted commit record of epoch %d: %w", rec.Epoch, err)
+	}
+	r.record = rec
+	r.mu.Lock()
+	r.metrics.Compactions++
+	r.segmentBytes, r.compactedBytes = objectBytes(rec.Objects)
+	r.mu.Unlock()
+	r.cfg.Logger.Info("durable state compacted", "flow", r.cfg.FlowID, "epoch", c, "objects", len(keep))
+	return nil
+}
+
+func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir string, c int64) (ObjectRef, error) {
+	// Every row up to the committed epoch c was queued before c committed;
+	// one flush makes them readable, and the scan below then does not wait
+	// on the writes of the epochs that keep arriving.
+	if err := s.Flush(); err != nil {
+		return ObjectRef{}, err
+	}
+	path := filepath.Join(dir, "compacted.sqlite")
+	meta := snapfile.Meta{
+		FlowID: r.cfg.FlowID, Kind: snapfile.KindCompacted, WorkerIndex: w, WorkerCount: r.cfg.WorkerCount,
+		KeyGroupCount: r.cfg.KeyGroupCount, Execution: r.execution, LastEpoch: c,
+	}
+	// A compacted object holds the whole state: never small.
+	f, err := snapfile.Create(ctx, path, meta, snapfile.Options{Segment: true, LargePages: true})
+	if err != nil {
+		return ObjectRef{}, err
+	}
+	var rows int64
+	var cur snapfile.Cursor
+	for {
+		if err := ctx.Err(); err != nil {
+			f.Close()
+			return ObjectRef{}, err
+		}
+		page, next, done, err := s.ScanPageFlushed(ctx, snapfile.ScanOptions{Before: c + 1, ChunkRows: 8192}, cur)
+		if err != nil {
+			f.Close()
+			return ObjectRef{}, err
+		}
+		if len(page) > 0 {
+			n, err := f.Write(ctx, page)
+			if err != nil {
+				f.Close()
+				return ObjectRef{}, err
+			}
+			rows += int64(n)
+		}
+		if done {
+			break
+		}
+		cur = next
+	}
+	// Write advanced LastEpoch to the newest row; the object stands for c.
+	m := f.Meta()
+	m.LastEpoch = c
+	if err := f.UpdateMeta(ctx, m); err != nil {
+		f.Close()
+		return ObjectRef{}, err
+	}
+	if err := f.Seal(); err != nil {
+		return ObjectRef{}, err
+	}
+	sum, size, err := fileSHA256(path)
+	if err != nil {
+		return ObjectRef{}, err
+	}
+	rng := keygroup.OwnedBy(w, r.cfg.WorkerCount, r.cfg.KeyGroupCount)
+	ref := ObjectRef{
+		Key: compactedKey(r.cfg.FlowID, c, r.execution, w, r.cfg.WorkerCount), Kind: KindCompacted,
+		Execution: r.execution, Worker: w, WorkerCount: r.cfg.WorkerCount, GroupLo: rng.Lo, GroupHi: rng.Hi,
+		LastEpoch: c, Rows: rows, Size: size, SHA256: sum,
+	}
+	if err := store(ctx, r.cfg.Backup, path, ref.Key); err != nil {
+		return ObjectRef{}, fmt.Errorf("upload compacted %s: %w", ref.Key, err)
+	}
+	return ref, nil
+}

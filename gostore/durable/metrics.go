@@ -1,0 +1,83 @@
+package durable
+
+import (
+	"sort"
+	"time"
+)
+
+// CommitEvent describes one commit, for logs.
+type CommitEvent struct {
+	Epoch          int64   `json:"epoch"`
+	Objects        int     `json:"objects"`
+	Rows           int64   `json:"rows"`
+	Bytes          int64   `json:"bytes"`
+	LatencySeconds float64 `json:"latency_seconds"`
+}
+
+// DrainCommits returns the commits since the last call (at most 1024 are
+// kept between calls).
+func (r *Run) DrainCommits() []CommitEvent {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.commitLog
+	r.commitLog = nil
+	return out
+}
+
+// Metrics reports what the pipeline did, for users and benchmarks.
+type Metrics struct {
+	CommittedEpoch      int64
+	Commits             int64
+	SegmentsUploaded    int64
+	BytesUploaded       int64
+	UploadSeconds       float64
+	BackpressureSeconds float64
+	Compactions         int64
+	// WholeEpochs counts commits whose newest whole-state epoch (markWhole)
+	// took the place of a compaction.
+	WholeEpochs    int64
+	ObjectsDeleted int64
+	// LocalGCSeconds and CompactionSeconds are the background time spent
+	// collecting the local stores and compacting the durable store.
+	LocalGCSeconds    float64
+	CompactionSeconds float64
+	// LocalWriteSeconds is the time the local stores spent writing
+	// snapshot batches (in the background, beside the flow).
+	LocalWriteSeconds float64
+	// CommitLatencies are seconds from the first close of an epoch to its
+	// commit, newest last (at most 4096 kept).
+	CommitLatencies []float64
+}
+
+func (m *Metrics) observeCommit(d time.Duration) {
+	m.CommitLatencies = append(m.CommitLatencies, d.Seconds())
+	if len(m.CommitLatencies) > 4096 {
+		m.CommitLatencies = m.CommitLatencies[len(m.CommitLatencies)-4096:]
+	}
+}
+
+// Metrics returns a copy of the run's metrics.
+func (r *Run) Metrics() Metrics {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.metrics
+	m.CommitLatencies = append([]float64(nil), r.metrics.CommitLatencies...)
+	m.CommittedEpoch = r.committed
+	for _, s := range r.stores {
+		if s != nil {
+			m.LocalWriteSeconds += s.WriteSeconds()
+		}
+	}
+	return m
+}
+
+// Percentile returns the p-th percentile (0-100) of xs, 0 if empty.
+func Percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	i := int(float64(len(s)-1) * p / 100)
+	return s[i]
+}

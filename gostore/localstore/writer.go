@@ -1,0 +1,251 @@
+package localstore
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/millpond/millpond/gostore/rowbatch"
+)
+
+// The writer: batches are written in order by one goroutine (WriteAsync),
+// so a recovery run hands an epoch's rows over and goes on; every read and
+// every synchronous write waits for the queue to drain first.
+
+// asyncBatch is one entry of the writer's queue.
+type asyncBatch struct {
+	batch rowbatch.Batch
+	// staged, for a batch that starts a generation, delivers the path of
+	// its segment's copy (StageGeneration), or is closed without one.
+	staged <-chan string
+	// commit marks no batch, only a commit to act on.
+	commit bool
+}
+
+// Write writes b's rows in place, in one transaction, after every queued
+// background write; a whole batch is written like any other (a new
+// generation waits for its epoch's commit, which only a recovery run
+// reports: see WriteAsync). Write takes over b and releases it.
+func (s *Store) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
+	defer b.Release()
+	if err := s.Flush(); err != nil {
+		return 0, err
+	}
+	return s.write(ctx, b.Epoch, b.Rows)
+}
+
+// WriteAsync queues b to be written in the background, in order with every
+// other write, and returns at once; it takes over b and releases it once
+// written. A failed background write is returned by the next call.
+// Recovery uses it to keep the local store's write off the flow's path:
+// the durable segments do not depend on it, and a local store that lags
+// the committed epoch after a crash is rebuilt, never trusted.
+//
+// A batch that StartsGeneration starts a new generation of the store
+// instead of being written over the old one, which spares collecting every
+// row it supersedes; the generation replaces the old file once b's epoch
+// commits (NoteCommitted). For such a batch, staged may deliver the path
+// of a copy of the segment that holds exactly b (StageGeneration): the
+// writer takes the copy as the generation instead of writing the rows
+// again, and writes them after all if staged is closed without a path.
+// The writer waits for staged in order with the other writes, so the
+// caller must make sure it gets a path or is closed (reads and Flush wait
+// for it too). Pass nil otherwise.
+func (s *Store) WriteAsync(b rowbatch.Batch, staged <-chan string) error {
+	return s.enqueue(asyncBatch{batch: b, staged: staged})
+}
+
+// StartsGeneration reports whether WriteAsync takes b as a new generation:
+// a whole batch of at least Config.GenerationMinRows rows (a smaller one
+// costs less written in place than a new file).
+func (s *Store) StartsGeneration(b rowbatch.Batch) bool {
+	return b.Whole && len(b.Rows) > 0 && len(b.Rows) >= s.cfg.GenerationMinRows
+}
+
+// NoteCommitted tells the store that epoch is committed, so that a
+// generation waiting for it can replace the old one. It never waits: the
+// replacement happens after the queued writes, or at the next Flush.
+func (s *Store) NoteCommitted(epoch int64) {
+	for {
+		old := s.committed.Load()
+		if epoch <= old || s.committed.CompareAndSwap(old, epoch) {
+			break
+		}
+	}
+	s.asyncMu.Lock()
+	defer s.asyncMu.Unlock()
+	if s.async == nil {
+		return // nothing written yet (or closed): nothing waits
+	}
+	select {
+	case s.async <- asyncBatch{commit: true}:
+		// The writer counts it done under asyncMu, held here.
+		s.pending++
+	default:
+		// The writer is busy; it looks at the committed epoch after
+		// each batch anyway.
+	}
+}
+
+func (s *Store) enqueue(b asyncBatch) error {
+	s.asyncOnce.Do(func() {
+		ch := make(chan asyncBatch, 4)
+		s.asyncMu.Lock()
+		s.async, s.asyncDone = ch, make(chan struct{})
+		s.asyncMu.Unlock()
+		go s.runAsync(ch, s.asyncDone)
+	})
+	s.asyncMu.Lock()
+	if err := s.asyncErr; err != nil {
+		s.asyncMu.Unlock()
+		b.batch.Release()
+		return err
+	}
+	ch := s.async
+	s.pending++
+	s.asyncMu.Unlock()
+	ch <- b
+	return nil
+}
+
+func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
+	defer close(done)
+	for b := range ch {
+		var err error
+		if s.asyncError() == nil {
+			ctx := context.Background()
+			// A generation whose epoch committed since the last batch is
+			// promoted first, so a whole batch right behind it starts one
+			// of its own.
+			err = s.promoteCommitted(ctx)
+			switch {
+			case err != nil:
+			case b.commit:
+			case !s.StartsGeneration(b.batch):
+				_, err = s.write(ctx, b.batch.Epoch, b.batch.Rows)
+			case b.staged != nil:
+				_, err = s.writeStaged(ctx, b.batch, b.staged)
+			default:
+				_, err = s.writeWhole(ctx, b.batch.Epoch, b.batch.Rows)
+			}
+		} else if b.staged != nil {
+			// The writer failed before this batch: the staged copy is
+			// nobody's now.
+			if path, ok := <-b.staged; ok && path != "" {
+				removeFile(path)
+			}
+		}
+		b.batch.Release()
+		s.asyncMu.Lock()
+		if err != nil && s.asyncErr == nil {
+			s.asyncErr = fmt.Errorf("background write of epoch %d: %w", b.batch.Epoch, err)
+		}
+		s.pending--
+		if s.pending == 0 {
+			s.idle.Broadcast()
+		}
+		s.asyncMu.Unlock()
+	}
+}
+
+func (s *Store) asyncError() error {
+	s.asyncMu.Lock()
+	defer s.asyncMu.Unlock()
+	return s.asyncErr
+}
+
+// Flush waits until every queued background write is done, and a
+// generation whose epoch committed has replaced the old one, and returns
+// the first error, if any.
+func (s *Store) Flush() error {
+	s.waitIdle()
+	if err := s.asyncError(); err != nil {
+		return err
+	}
+	return s.promoteCommitted(context.Background())
+}
+
+func (s *Store) promoteCommitted(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.maybePromote(ctx)
+}
+
+func (s *Store) writeStaged(ctx context.Context, b rowbatch.Batch, staged <-chan string) (int, error) {
+	path, ok := <-staged
+	if !ok || path == "" {
+		return s.writeWhole(ctx, b.Epoch, b.Rows)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		removeFile(path)
+		return 0, errClosed
+	}
+	n, err := s.adoptStaged(ctx, b.Epoch, path, b.Rows)
+	if err != nil {
+		// The copy was the shortcut; the rows are the batch itself.
+		return s.startGeneration(ctx, b.Epoch, b.Rows)
+	}
+	return n, nil
+}
+
+func (s *Store) writeWhole(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return 0, errClosed
+	}
+	return s.startGeneration(ctx, epoch, rows)
+}
+
+func (s *Store) waitIdle() {
+	s.asyncMu.Lock()
+	for s.pending > 0 {
+		s.idle.Wait()
+	}
+	s.asyncMu.Unlock()
+}
+
+func (s *Store) write(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return 0, errClosed
+	}
+	return s.writeLocked(ctx, epoch, rows)
+}
+
+func (s *Store) writeLocked(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
+	f := s.target()
+	if m := f.Meta(); epoch < 1 || epoch < m.LastEpoch {
+		return 0, fmt.Errorf("write to %s at epoch %d: epochs start at 1 and never go back (last written: %d)", f.Path(), epoch, m.LastEpoch)
+	}
+	for i := range rows {
+		// Only assign when needed: batches shared with other readers
+		// already carry their epoch, and a write would race with them.
+		if rows[i].Epoch != epoch {
+			rows[i].Epoch = epoch
+		}
+	}
+	if len(rows) == 0 {
+		m := f.Meta()
+		if epoch <= m.LastEpoch {
+			return 0, nil
+		}
+		m.LastEpoch = epoch
+		return 0, f.UpdateMeta(ctx, m)
+	}
+	start := time.Now()
+	n, err := f.Write(ctx, rows)
+	s.writeNanos.Add(int64(time.Since(start)))
+	if err == nil {
+		s.maybeCheckpoint()
+	}
+	return n, err
+}
+
+// WriteSeconds is the time spent writing batches since the store opened.
+func (s *Store) WriteSeconds() float64 {
+	return time.Duration(s.writeNanos.Load()).Seconds()
+}
