@@ -29,6 +29,7 @@ from millpond.dataflow import Dataflow
 from millpond.errors import DataflowError
 
 PYSRC = str(Path(millpond.__file__).resolve().parent.parent)
+_REAL_CHECK_FLOW = run._check_flow
 
 
 # --- stand-ins for the engine and the recovery module --------------------------
@@ -75,6 +76,8 @@ def engine(monkeypatch):
     import millpond.engine
 
     monkeypatch.setattr(millpond.engine, "cluster_main", cluster_main)
+    # The stand-in flows have no steps; the tests of the preflight put it back.
+    monkeypatch.setattr(run, "_check_flow", lambda flow: None)
     monkeypatch.setitem(sys.modules, "millpond.recovery", recovery)
     for var in [v for _d, v, _c in run._ENV]:
         monkeypatch.delenv(var, raising=False)
@@ -281,17 +284,44 @@ def test_local_state_dir_turns_recovery_on_with_defaults(engine, flows_pkg, tmp_
     assert rc.snapshot_mode.name == "BATCH"
 
 
-@pytest.mark.parametrize("uri", ["/backups/wc", "file:///backups/wc", "s3://b/p?region=eu-west-1", "./rel/dir"])
+@pytest.mark.parametrize("uri", ["{tmp}/backups", "file://{tmp}/backups", "s3://bkt/p?region=eu-west-1", "./rel"])
 def test_backup_uri_is_passed_on_as_a_string(engine, flows_pkg, tmp_path, uri):
-    assert run.main(["-d", str(tmp_path), "-b", uri, f"{flows_pkg}.wc"]) == 0
+    uri = uri.format(tmp=tmp_path)
+    assert run.main(["-d", str(tmp_path / "st"), "-b", uri, f"{flows_pkg}.wc"]) == 0
     assert engine.cluster[0]["recovery_config"].backup == uri
 
 
+def test_backup_uri_scheme_is_case_insensitive(engine, flows_pkg, tmp_path):
+    assert run.main(["-d", str(tmp_path / "st"), "-b", "S3://bkt/p", f"{flows_pkg}.wc"]) == 0
+    assert engine.cluster[0]["recovery_config"].backup == "s3://bkt/p"
+
+
+_BACKUP_MODULE = """
+class MyBackup:
+    def __init__(self, root, n=0):
+        self.root, self.n = root, n
+    def list_keys(self, prefix=""):
+        return []
+    def upload(self, from_local, to_key):
+        pass
+    def download(self, from_key, to_local):
+        raise FileNotFoundError(from_key)
+    def delete(self, key):
+        pass
+
+def make(root, n=0):
+    return MyBackup(root, n)
+
+def broken():
+    raise RuntimeError("no credentials in the vault")
+
+def not_a_backup():
+    return {"root": "/x"}
+"""
+
+
 def test_backup_factory_is_called_with_literal_args(engine, flows_pkg, tmp_path):
-    (tmp_path / flows_pkg / "bk.py").write_text(
-        "class MyBackup:\n    def __init__(self, root, n=0):\n        self.root, self.n = root, n\n"
-        "def make(root, n=0):\n    return MyBackup(root, n)\n"
-    )
+    (tmp_path / flows_pkg / "bk.py").write_text(_BACKUP_MODULE)
     assert run.main(["-d", str(tmp_path), "-b", f"{flows_pkg}.bk:make('/x', n=2)", f"{flows_pkg}.wc"]) == 0
     backup = engine.cluster[0]["recovery_config"].backup
     assert (type(backup).__name__, backup.root, backup.n) == ("MyBackup", "/x", 2)
@@ -381,11 +411,14 @@ def test_keyboard_interrupt_exits_130_quietly(engine, flows_pkg, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_build_time_value_error_is_one_line_exit_1(engine, flows_pkg, capsys):
-    engine.raise_exc = ValueError("flow 'x' has no output; add op.output(...)")
-    assert run.main([f"{flows_pkg}.wc"]) == 1
+def test_settings_the_engine_refuses_before_starting_exit_2(engine, flows_pkg, capsys):
+    engine.raise_exc = ValueError("multi-process clusters are not supported yet (2 addresses given)")
+    assert run.main(["-i", "0", "-a", "a:1;b:2", f"{flows_pkg}.wc"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "has no output" in err
+    assert err == (
+        "python -m millpond.run: error: the flow was not started: "
+        "multi-process clusters are not supported yet (2 addresses given)\n"
+    )
 
 
 def test_cli_main_takes_seconds_or_timedelta(engine):
@@ -417,6 +450,197 @@ def test_cli_main_rejects_non_dataflow(engine):
         run.cli_main("flows.wc")
 
 
+# --- checks made before the flow starts: exit 2, one line naming the flag ----------------
+
+
+@pytest.fixture
+def backup_module(flows_pkg, tmp_path):
+    (tmp_path / flows_pkg / "bk.py").write_text(_BACKUP_MODULE)
+    (tmp_path / "afile").write_text("")
+    return flows_pkg
+
+
+@pytest.mark.parametrize(
+    "backup, message",
+    [
+        ("/nonexistent/dir", "-b/--backup /nonexistent/dir: backup directory /nonexistent/dir does not exist, "
+         "and neither does its parent /nonexistent; only the last part is created, so check the path "
+         "(a typo, an unmounted volume?)"),
+        ("afile", "-b/--backup afile: backup directory {cwd}/afile exists and is not a directory; name a "
+         "directory, or a path that does not exist yet in an existing directory (it is created)"),
+        ("afile/sub", "-b/--backup afile/sub: backup directory {cwd}/afile/sub cannot be created: "
+         "{cwd}/afile is not a directory"),
+        ("s3://", "-b/--backup s3://: has no bucket: write s3://BUCKET or s3://BUCKET/PREFIX"),
+        ("s3:/bkt/p", "-b/--backup s3:/bkt/p: an S3 URI starts with s3:// (two slashes), as in s3://bucket/prefix"),
+        ("s3:bkt", "-b/--backup s3:bkt: an S3 URI starts with s3:// (two slashes), as in s3://bucket/prefix"),
+        ("s3://b/p", '-b/--backup s3://b/p: s3 bucket "b": name must be 3 to 63 characters long'),
+        ("s3://bkt/p?endpiont=http://x", '-b/--backup s3://bkt/p?endpiont=http://x: unknown parameter '
+         '"endpiont" (known: endpoint, max_attempts, part_size, region)'),
+        ("gs://bkt/p", "-b/--backup gs://bkt/p: unknown backup URI scheme 'gs' in 'gs://bkt/p'; use one of: "
+         "a plain path, file:///path, s3://bucket/prefix"),
+        ("60", "-b/--backup 60: -b takes a backup URI or directory, not a number; millpond has no backup "
+         "interval: every committed epoch is backed up (see -s/--epoch-interval). For a directory named "
+         "60, write ./60"),
+        ("1.5", "-b/--backup 1.5: -b takes a backup URI or directory, not a number;"),
+        ("{pkg}.nope:make()", "-b/--backup {pkg}.nope:make(): no module named '{pkg}.nope'"),
+        ("{pkg}.bk:broken()", "-b/--backup {pkg}.bk:broken(): {pkg}.bk:broken(...) raised RuntimeError: "
+         "no credentials in the vault (at {cwd}/{pkg}/bk.py:"),
+        ("{pkg}.bk:not_a_backup()", "-b/--backup {pkg}.bk:not_a_backup(): {pkg}.bk:not_a_backup(...) gave "
+         "{{'root': '/x'}} (of type dict), which is not a backup: it has no list_keys(), upload(), "
+         "download(), delete() (see millpond.backup.Backup)"),
+        ("{pkg}.bk:make", "-b/--backup {pkg}.bk:make: {pkg}.bk:make is a function, not a backup; to call "
+         "a factory write '{pkg}.bk:make()'"),
+    ],
+)
+def test_bad_backup_exits_2_with_one_line_naming_the_flag(engine, backup_module, tmp_path, capsys, backup, message):
+    fill = dict(pkg=backup_module, cwd=os.getcwd())
+    backup = backup.format(**fill)
+    assert run.main(["-d", "st", "-b", backup, f"{backup_module}.wc"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("python -m millpond.run: error: " + message.format(**fill)), err
+    assert "rejected" not in err and "ValueError" not in err
+    assert engine.cluster == []
+
+
+@pytest.mark.parametrize(
+    "var, value, message",
+    [
+        ("MILLPOND_BACKUP", "60", "MILLPOND_BACKUP='60': -b takes a backup URI or directory, not a number;"),
+        ("MILLPOND_BACKUP", "/nonexistent/dir", "MILLPOND_BACKUP='/nonexistent/dir': backup directory "
+         "/nonexistent/dir does not exist"),
+        ("MILLPOND_BACKUP", "s3://", "MILLPOND_BACKUP='s3://': has no bucket"),
+        ("MILLPOND_LOCAL_STATE_DIR", "afile", "MILLPOND_LOCAL_STATE_DIR='afile': exists and is not a directory"),
+    ],
+)
+def test_bad_value_from_the_environment_names_the_variable(engine, backup_module, capsys, monkeypatch, var, value,
+                                                           message):
+    monkeypatch.setenv(var, value)
+    argv = [] if var == "MILLPOND_LOCAL_STATE_DIR" else ["-d", "st"]
+    assert run.main([*argv, f"{backup_module}.wc"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m millpond.run: error: " + message), err
+
+
+def test_backup_factory_that_returns_a_backup_is_passed_on(engine, backup_module):
+    assert run.main(["-d", "st", "-b", f"{backup_module}.bk:make('/r')", f"{backup_module}.wc"]) == 0
+    assert engine.cluster[0]["recovery_config"].backup.root == "/r"
+
+
+def test_local_state_dir_that_is_a_file_exits_2_without_suggesting_mkdir(engine, backup_module, capsys):
+    assert run.main(["-d", "afile", f"{backup_module}.wc"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "python -m millpond.run: error: -d/--local-state-dir afile: exists and is not a directory; name a "
+        "directory, or a path that does not exist yet (it is made, with its parents)\n"
+    )
+    assert "mkdir" not in err and engine.cluster == []
+
+
+def test_local_state_dir_below_a_file_exits_2(engine, backup_module, capsys):
+    assert run.main(["-d", "afile/state", f"{backup_module}.wc"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"python -m millpond.run: error: -d/--local-state-dir afile/state: cannot be made: "
+        f"{os.getcwd()}/afile exists and is not a directory\n"
+    )
+
+
+def test_local_state_dir_whose_parent_is_not_writable_exits_2(engine, backup_module, capsys, monkeypatch):
+    monkeypatch.setattr(run.os, "access", lambda path, mode: False)
+    assert run.main(["-d", "new/state", f"{backup_module}.wc"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"python -m millpond.run: error: -d/--local-state-dir new/state: cannot be made: "
+        f"{os.getcwd()} is not writable by this user\n"
+    )
+
+
+def test_missing_local_state_dir_and_parents_are_left_for_the_core_to_make(engine, backup_module, tmp_path):
+    assert run.main(["-d", "a/b/c", f"{backup_module}.wc"]) == 0
+    assert engine.cluster[0]["recovery_config"].local_state_dir == Path("a/b/c")
+    assert not (tmp_path / "a").exists()  # the CLI makes nothing; the run does (see the subprocess test)
+
+
+_BYTEWAX_RECOVERY_DIRECTORY = (
+    "-r/--recovery-directory is a Bytewax flag; millpond keeps recovery data in a local state directory, "
+    "-d/--local-state-dir DIR, and a durable store, -b/--backup URI (both made on first use; there are no "
+    "partitions to initialize)"
+)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["-r", "state"], _BYTEWAX_RECOVERY_DIRECTORY),
+        (["--recovery-directory=state"], _BYTEWAX_RECOVERY_DIRECTORY),
+        (["-s", "1", "-b", "60", "-r", "state"], _BYTEWAX_RECOVERY_DIRECTORY),
+        (["--snapshot-interval", "5"], "--snapshot-interval is a Bytewax flag; millpond snapshots state at "
+         "the end of every epoch: use -s/--epoch-interval SECONDS"),
+        (["--backup-interval", "60"], "--backup-interval is a Bytewax flag; millpond has no backup interval: "
+         "every committed epoch is backed up to -b/--backup, and RecoveryConfig(retain_epochs=..., "
+         "retain_for=...) sets how long older epochs are kept"),
+    ],
+)
+def test_bytewax_flags_point_at_the_millpond_equivalent(engine, flows_pkg, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        run.main([*argv, f"{flows_pkg}.wc"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == f"python -m millpond.run: error: {message}\n"
+    assert engine.cluster == []
+
+
+def test_version_prints_millpond_and_its_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        run.main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"millpond {millpond.__version__}\n"
+
+
+_FLOW_MODULE = """
+import millpond.operators as op
+from millpond.dataflow import Dataflow
+from millpond.testing import TestingSink, TestingSource
+
+
+def no_output():
+    flow = Dataflow("noout")
+    op.map("upper", op.input("in", flow, TestingSource(["a"])), str.upper)
+    return flow
+
+
+def duplicate():
+    flow = Dataflow("dup")
+    lines = op.input("in", flow, TestingSource(["a"]))
+    op.map("upper", lines, str.upper)
+    op.map("upper", lines, str.lower)  # line 17
+    return flow
+"""
+
+
+def test_flow_without_output_exits_2_naming_import_str(engine, flows_pkg, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(run, "_check_flow", _REAL_CHECK_FLOW)
+    (tmp_path / flows_pkg / "bad.py").write_text(_FLOW_MODULE)
+    assert run.main([f"{flows_pkg}.bad:no_output()"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"python -m millpond.run: error: IMPORT_STR {flows_pkg}.bad:no_output(): the dataflow cannot run: "
+        "Dataflow 'noout' has no output step; add one with op.output(...)\n"
+    )
+    assert engine.cluster == []
+
+
+def test_duplicate_step_id_exits_2_pointing_at_the_users_line(engine, flows_pkg, tmp_path, capsys):
+    (tmp_path / flows_pkg / "bad.py").write_text(_FLOW_MODULE)
+    assert run.main([f"{flows_pkg}.bad:duplicate()"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"python -m millpond.run: error: {flows_pkg}.bad:duplicate(...) raised ValueError: step id 'upper' "
+        "is used twice in 'dup'; step ids must be unique within their scope (at "
+    ), err
+    assert err.endswith(f"{flows_pkg}/bad.py:17 in duplicate)\n"), err
+
+
 # --- the real thing, in a subprocess ---------------------------------------------------
 
 
@@ -434,8 +658,20 @@ def test_subprocess_help_works_without_the_engine(tmp_path):
     out = _run_cli(["--help"], tmp_path)
     assert out.returncode == 0
     for flag in ["--workers-per-process", "--process-id", "--addresses", "--epoch-interval",
-                 "--local-state-dir", "--backup", "--snapshot-mode", "MILLPOND_BACKUP"]:
+                 "--local-state-dir", "--backup", "--snapshot-mode", "MILLPOND_BACKUP", "--version"]:
         assert flag in out.stdout
+    help_text = " ".join(out.stdout.split())
+    assert "they take turns on one thread and split the keys" in help_text
+    assert "thread" not in help_text.replace("on one thread", "")
+    assert "exit status: 0 the flow finished; 2 something was wrong before it started" in help_text
+    assert "The full table is in docs/cli.md." in help_text
+    assert "Coming from Bytewax" in help_text
+    assert "[-r" not in help_text and "--backup-interval BACKUP" not in help_text  # Bytewax's are hidden
+
+
+def test_subprocess_version(tmp_path):
+    out = _run_cli(["--version"], tmp_path)
+    assert (out.returncode, out.stdout, out.stderr) == (0, f"millpond {millpond.__version__}\n", "")
 
 
 @pytest.mark.parametrize(
@@ -544,6 +780,98 @@ def test_subprocess_with_recovery_continues_after_eof_without_duplicating(copy_f
     second = _run_cli([*args, "--snapshot-mode", "immediate"], copy_flow)
     assert second.returncode == 0, second.stderr
     assert (copy_flow / "out.txt").read_text() == "".join(f"LINE {i}\n" for i in range(8))
+
+
+def test_subprocess_local_state_dir_with_missing_parents_is_made(copy_flow):
+    out = _run_cli(['copyflow:get_flow("in.txt", "out.txt")', "-d", "a/b/c", "-s", "0"], copy_flow)
+    assert out.returncode == 0, out.stderr
+    assert (copy_flow / "a" / "b" / "c" / "copy").is_dir()
+    assert (copy_flow / "a" / "b" / "c" / "backup").is_dir()  # the default backup, DIR/backup
+    assert (copy_flow / "out.txt").read_text() == "".join(f"LINE {i}\n" for i in range(7))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-d", "afile"], "-d/--local-state-dir afile: exists and is not a directory; name a directory, or a "
+         "path that does not exist yet (it is made, with its parents)"),
+        (["-d", "st", "-b", "/nonexistent/dir"], "-b/--backup /nonexistent/dir: backup directory "
+         "/nonexistent/dir does not exist, and neither does its parent /nonexistent; only the last part is "
+         "created, so check the path (a typo, an unmounted volume?)"),
+        (["-d", "st", "-b", "afile"], "-b/--backup afile: backup directory {cwd}/afile exists and is not a "
+         "directory; name a directory, or a path that does not exist yet in an existing directory (it is "
+         "created)"),
+        (["-d", "st", "-b", "s3://"], "-b/--backup s3://: has no bucket: write s3://BUCKET or s3://BUCKET/PREFIX"),
+        (["-d", "st", "-b", "60"], "-b/--backup 60: -b takes a backup URI or directory, not a number; "
+         "millpond has no backup interval: every committed epoch is backed up (see -s/--epoch-interval). "
+         "For a directory named 60, write ./60"),
+        (["-r", "state"], _BYTEWAX_RECOVERY_DIRECTORY),
+    ],
+)
+def test_subprocess_bad_recovery_settings_exit_2_with_one_line(copy_flow, args, message):
+    (copy_flow / "afile").write_text("")
+    out = _run_cli(['copyflow:get_flow("in.txt", "out.txt")', *args], copy_flow)
+    cwd = str(copy_flow.resolve())
+    assert (out.returncode, out.stderr) == (2, f"python -m millpond.run: error: {message.format(cwd=cwd)}\n")
+    assert "mkdir" not in out.stderr
+    assert not (copy_flow / "st").exists() and not (copy_flow / "60").exists()
+
+
+def _closed_port() -> str:
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _run_cli_s3(args, cwd, server=None):
+    from helpers.s3server import child_env
+
+    env = child_env(server)
+    env["PYTHONPATH"] = PYSRC
+    return subprocess.run([sys.executable, "-m", "millpond.run", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def _error_lines(stderr: str) -> List[str]:
+    """stderr without the run's log lines (``TIME LEVEL logger: ...``)."""
+    return [line for line in stderr.splitlines() if not line[:4].isdigit()]
+
+
+def test_subprocess_unreachable_s3_endpoint_is_one_readable_line_exit_1(copy_flow):
+    endpoint = _closed_port()
+    uri = f"s3://flows/cli?endpoint={endpoint}&region=us-east-1&max_attempts=1"
+    out = _run_cli_s3(['copyflow:get_flow("in.txt", "out.txt")', "-d", "st", "-b", uri], copy_flow)
+    assert out.returncode == 1, out.stderr
+    (line,) = _error_lines(out.stderr)
+    assert line.startswith("python -m millpond.run: error: BackupError: "), line
+    assert line.endswith(
+        f'cannot reach S3 endpoint {endpoint} for bucket "flows" (connection refused, 1 attempt); '
+        "check the endpoint URL and that the server is running"
+    ), line
+    assert "operation error" not in line and "StatusCode" not in line and "SDK" not in out.stderr
+
+
+def test_subprocess_missing_s3_bucket_is_one_readable_line_exit_1(copy_flow, s3_server):
+    uri = f"s3://no-such-bucket/cli?endpoint={s3_server.endpoint}&region=us-east-1&max_attempts=1"
+    out = _run_cli_s3(['copyflow:get_flow("in.txt", "out.txt")', "-d", "st", "-b", uri], copy_flow, s3_server)
+    assert out.returncode == 1, out.stderr
+    (line,) = _error_lines(out.stderr)
+    assert line.startswith("python -m millpond.run: error: BackupError: "), line
+    assert line.endswith(
+        f'bucket "no-such-bucket" does not exist at {s3_server.endpoint}; check the bucket name in the URI, '
+        "or create the bucket"
+    ), line
+    assert "SDK" not in out.stderr
+
+
+def test_subprocess_runs_with_an_s3_backup(copy_flow, s3_server):
+    out = _run_cli_s3(['copyflow:get_flow("in.txt", "out.txt")', "-d", "st", "-s", "0", "-b",
+                       s3_server.uri("cli-ok")], copy_flow, s3_server)
+    assert out.returncode == 0, out.stderr
+    assert _error_lines(out.stderr) == []
+    assert any(k.startswith("cli-ok/copy/") for k in s3_server.objects("cli-ok/"))
 
 
 def test_subprocess_file_to_file_flow_killed_with_sigkill_is_exactly_once(copy_flow):

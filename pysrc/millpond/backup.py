@@ -159,23 +159,34 @@ class S3Backup(_CoreBackup):
 
 
 def backup_from_uri(uri: str) -> _CoreBackup:
-    """Open the backup a URI names: a path or ``file://`` URI, or ``s3://``."""
-    if not isinstance(uri, str) or not uri:
+    """Open the backup a URI names: a path or ``file://`` URI, or ``s3://``.
+
+    Raises ``ValueError`` with a one-line reason for a URI that cannot name
+    a backup: an unknown scheme, an ``s3://`` URI without a bucket or with
+    a malformed query, a directory whose parent does not exist or that is a
+    file. Opening makes no network request, so an S3 endpoint that does
+    not answer is reported on first use (``BackupError``).
+    """
+    if not isinstance(uri, str) or not uri.strip():
         raise ValueError(f"backup URI must be a non-empty string, got {uri!r}")
-    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
+    if not scheme and uri[:3].lower() == "s3:":
+        # "s3:/bucket" or "s3:bucket": a mistyped S3 URI, not a directory
+        # named "s3:"; the core's parser says how to write it.
+        scheme = "s3"
     if scheme not in ("", "file", "s3"):
         raise ValueError(
             f"unknown backup URI scheme {scheme!r} in {uri!r}; use one of: {', '.join(SUPPORTED_SCHEMES)}"
         )
     if scheme == "s3":
-        b = _CoreBackup.__new__(S3Backup)
-        _CoreBackup.__init__(b, uri)
-        return b
-    b = _CoreBackup.__new__(DirBackup)
+        s3: _CoreBackup = _CoreBackup.__new__(S3Backup)
+        _CoreBackup.__init__(s3, uri)
+        return s3
+    d = _CoreBackup.__new__(DirBackup)
     path = uri[len("file://"):] if scheme == "file" else uri
-    b.path = Path(path).absolute()  # type: ignore[attr-defined]
-    _CoreBackup.__init__(b, uri if scheme == "file" else str(b.path))  # type: ignore[attr-defined]
-    return b
+    d.path = Path(path).absolute()
+    _CoreBackup.__init__(d, uri if scheme == "file" else str(d.path))
+    return d
 
 
 def core_handle_for(backup: object) -> tuple[int, bool]:

@@ -19,6 +19,7 @@ import ast
 import importlib
 import logging
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -28,6 +29,7 @@ __all__ = [
     "ImportStringError",
     "locate_dataflow",
     "backup_from_spec",
+    "is_backup_spec_factory",
     "headline",
     "location",
     "summarize",
@@ -95,13 +97,26 @@ def headline(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def location(exc: BaseException) -> str:
-    """``file:line in function`` of the innermost frame of ``exc``, or ``""``."""
+    """``file:line in function`` where ``exc`` was raised, or ``""``.
+
+    That is the innermost frame outside millpond itself (and outside
+    importlib's machinery), so an error that millpond raises on behalf of
+    the user's code (a duplicate step id, say) points at the user's line;
+    when every frame is millpond's, the innermost one.
+    """
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""
-    last = frames[-1]
-    return f"{last.filename}:{last.lineno} in {last.name}"
+    def ours(frame: traceback.FrameSummary) -> bool:
+        name = frame.filename
+        return name.startswith("<frozen ") or os.path.abspath(name).startswith(_PACKAGE_DIR)
+
+    chosen = next((f for f in reversed(frames) if not ours(f)), frames[-1])
+    return f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
 
 
 def summarize(exc: BaseException) -> str:
@@ -214,9 +229,54 @@ def locate_dataflow(import_str: str) -> Any:
     raise ImportStringError(f"{label} is {_describe(obj)}, not a millpond.dataflow.Dataflow")
 
 
+_BACKUP_METHODS = ("list_keys", "upload", "download", "delete")
+
+# A name, a dotted name, or a call of one: what may follow MODULE: in a factory.
+_TARGET = re.compile(r"\s*[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\s*(\(.*\))?\s*", re.DOTALL)
+
+
+def is_backup_spec_factory(spec: str) -> bool:
+    """Whether a ``-b`` value names a Python factory (``module:factory()``)
+    rather than a URI or a directory.
+
+    A factory is ``MODULE:TARGET`` with no ``://``, where ``MODULE`` is a
+    dotted module name or a path ending in ``.py`` and ``TARGET`` a (dotted)
+    name or a call of one. Anything else (``/backups/wc``, ``data/a:b``,
+    ``s3://b/p``, ``s3:/b``) is a URI or a directory.
+    """
+    if "://" in spec or ":" not in spec:
+        return False
+    module_spec, _sep, target = spec.partition(":")
+    module_spec = module_spec.strip()
+    if not module_spec or not _TARGET.fullmatch(target):
+        return False
+    if module_spec.lower() in ("s3", "file"):
+        return False  # s3:bucket, file:dir: mistyped URIs, reported as such
+    if module_spec.endswith(".py"):
+        return True
+    return all(part.isidentifier() for part in module_spec.split("."))
+
+
 def backup_from_spec(spec: str) -> Any:
-    """A URI is passed on as is; ``module:factory(...)`` is called."""
-    if "://" in spec or ":" not in spec or spec.startswith(("/", ".")):
+    """Resolve a ``-b`` value: a URI or directory is returned as the string
+    it is; ``module:factory(...)`` is imported and called, and what it
+    returns must be a backup (an object with ``list_keys``, ``upload``,
+    ``download`` and ``delete``).
+
+    Raises :class:`ImportStringError` with a one-line message when the
+    factory cannot be imported, raises, or returns something else.
+    """
+    if not is_backup_spec_factory(spec):
         return spec
-    obj, _label = _resolve(spec, "backup", None)
+    obj, label = _resolve(spec, "backup", None)
+    missing = [name for name in _BACKUP_METHODS if not callable(getattr(obj, name, None))]
+    if missing:
+        if callable(obj) and not isinstance(obj, type) and "(" not in spec.partition(":")[2]:
+            raise ImportStringError(
+                f"{label} is a function, not a backup; to call a factory write '{label}()'"
+            )
+        raise ImportStringError(
+            f"{label} gave {_describe(obj)}, which is not a backup: it has no "
+            f"{', '.join(m + '()' for m in missing)} (see millpond.backup.Backup)"
+        )
     return obj

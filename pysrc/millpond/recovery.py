@@ -16,10 +16,11 @@ when it is current (fast resume), otherwise by rebuilding it from the
 backup (full resume: a new machine, a lost disk, or a different worker
 count).
 
-Tools::
+Tools (``--help`` for each; BACKUP is anything ``-b`` of ``python -m
+millpond.run`` takes, ``module:factory()`` included)::
 
-    python -m millpond.recovery inspect URI_OR_DIR [--flow ID] [--keys]
-    python -m millpond.recovery verify  URI_OR_DIR [--flow ID]
+    python -m millpond.recovery inspect BACKUP [--flow ID] [--keys] [--json]
+    python -m millpond.recovery verify  BACKUP [--flow ID]
 """
 
 from __future__ import annotations
@@ -32,7 +33,10 @@ import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import NoReturn
 
 from millpond._corebridge import core
 from millpond.backup import Backup, backup_from_uri
@@ -159,68 +163,167 @@ class RecoveryConfig:
 
 # -- command line -------------------------------------------------------------
 
+_PROG = "python -m millpond.recovery"
+
+_DESCRIPTION = "Inspect and verify the recovery data of flows in a backup, without running them."
+
+_EPILOG = """\
+BACKUP is what -b of python -m millpond.run takes: a directory,
+file:///dir, s3://bucket/prefix (endpoint, region and credentials from the
+AWS_* variables or ?endpoint=...&region=...), or 'MODULE:FACTORY()' that
+returns a Backup object.
+
+exit status: 0 done (verify: no problem found); 1 verify found a problem,
+the backup holds no recovery data, or the backup failed (unreachable,
+denied); 2 a bad argument: an unknown option, a BACKUP that cannot be
+opened, a --flow that is not in the backup (one line on stderr); 130
+Ctrl-C. See docs/recovery.md."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> "NoReturn":
+        # One line, as python -m millpond.run does; --help is one flag away.
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog=_PROG, description=_DESCRIPTION, epilog=_EPILOG,
+                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="{inspect,verify}", parser_class=_Parser)
+    p_inspect = sub.add_parser(
+        "inspect", help="summarize each flow: executions, committed epoch, layout, objects",
+        description="Summarize each flow in BACKUP: its executions, newest committed epoch, worker "
+        "layout, the objects of the committed state and the total stored.",
+        epilog="Exit status: 0 done; 1 no recovery data or the backup failed; 2 a bad argument.",
+    )
+    p_inspect.add_argument("target", metavar="BACKUP", help="a directory, file:///dir, s3://bucket/prefix or 'MODULE:FACTORY()'")
+    p_inspect.add_argument("--flow", metavar="ID", help="only this flow (default: every flow in the backup)")
+    p_inspect.add_argument("--keys", action="store_true", help="download the committed state and count keys per step")
+    p_inspect.add_argument("--json", action="store_true", help="print the reports as JSON")
+    p_verify = sub.add_parser(
+        "verify", help="check every object's checksum and the chain of commit records",
+        description="Download every object the retained commit records of each flow in BACKUP name, "
+        "check its checksum, and check the chain of commit records. Prints 'FLOW: ok' or one line "
+        "per problem.",
+        epilog="Exit status: 0 no problem; 1 a problem, no recovery data, or the backup failed; "
+        "2 a bad argument.",
+    )
+    p_verify.add_argument("target", metavar="BACKUP", help="a directory, file:///dir, s3://bucket/prefix or 'MODULE:FACTORY()'")
+    p_verify.add_argument("--flow", metavar="ID", help="only this flow (default: every flow in the backup)")
+    return ap
+
+
+class _BadArgument(Exception):
+    """A command-line argument that cannot be used: exit status 2."""
+
 
 def _open_target(target: str) -> Any:
-    return backup_from_uri(target)
+    """The backup ``target`` names, opened as ``python -m millpond.run -b``
+    would, except that a directory must exist: the tools only read."""
+    from millpond.importstr import ImportStringError, backup_from_spec
 
-
-def _flows(backup: Any, flow: Optional[str]) -> list[str]:
-    if flow:
-        return [flow]
-    return json.loads(core().durable_report(backup.core_handle(), 2, "", False))
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m millpond.recovery {inspect,verify} URI_OR_DIR``."""
-    ap = argparse.ArgumentParser(prog="python -m millpond.recovery", description="Inspect and verify recovery data.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p_inspect = sub.add_parser("inspect", help="flows, executions, committed epochs, objects, keys per step")
-    p_inspect.add_argument("target", help="backup URI or directory")
-    p_inspect.add_argument("--flow", help="only this flow id")
-    p_inspect.add_argument("--keys", action="store_true", help="download committed state and count keys per step")
-    p_inspect.add_argument("--json", action="store_true", help="print JSON")
-    p_verify = sub.add_parser("verify", help="check every checksum and the commit chain")
-    p_verify.add_argument("target", help="backup URI or directory")
-    p_verify.add_argument("--flow", help="only this flow id")
-    args = ap.parse_args(argv)
     try:
-        backup = _open_target(args.target)
-        flows = _flows(backup, args.flow)
+        backup = backup_from_spec(target)
+    except ImportStringError as exc:
+        raise _BadArgument(f"BACKUP {target}: {exc}") from None
+    if not isinstance(backup, str):
+        return backup
+    scheme, sep, rest = backup.partition("://")
+    if sep:
+        backup = f"{scheme.lower()}://{rest}"
+    if not sep or scheme.lower() == "file":
+        path = Path(rest if sep else backup)
+        if sep and not rest.startswith("/"):
+            pass  # the core explains a relative file:// URI
+        elif not path.exists():
+            raise _BadArgument(f"BACKUP {target}: no such directory")
+        elif not path.is_dir():
+            raise _BadArgument(f"BACKUP {target}: exists and is not a directory")
+    try:
+        return backup_from_uri(backup)
+    except ValueError as exc:
+        raise _BadArgument(f"BACKUP {target}: {exc}") from None
+
+
+def _report(handle: int, op: int, flow: str = "", keys: bool = False) -> Any:
+    return json.loads(core().durable_report(handle, op, flow, keys))
+
+
+def _print_inspect(r: dict) -> None:
+    print(f"flow {r['flow_id']}")
+    print(f"  executions       {r['executions']}")
+    print(f"  committed epoch  {r['committed_epoch']} (commit records: {len(r['commit_epochs'] or [])})")
+    print(f"  layout           {r['worker_count']} worker(s), {r['key_group_count']} key groups")
+    print(f"  committed state  {r['objects']} objects ({r['segments']} segments, "
+          f"{r['compacted']} compacted), {r['object_bytes']:,} bytes")
+    print(f"  stored in total  {r['stored_objects']} objects, {r['stored_bytes']:,} bytes")
+    for step, n in sorted((r.get("keys_per_step") or {}).items()):
+        print(f"  keys {step:<30} {n:,}")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from millpond.backup import core_handle_for
+
+    backup = _open_target(args.target)
+    try:
+        handle, owned = core_handle_for(backup)
+    except TypeError as exc:  # pragma: no cover - backup_from_spec checked the methods
+        raise _BadArgument(f"BACKUP {args.target}: {exc}") from None
+    try:
+        flows = _report(handle, 2)
+        if args.flow is not None:
+            if args.flow not in flows:
+                there = f"the flows there: {', '.join(flows)}" if flows else "it holds no millpond recovery data"
+                raise _BadArgument(f"--flow {args.flow}: no flow {args.flow!r} in {args.target}; {there}")
+            flows = [args.flow]
         if not flows:
-            print(f"no millpond recovery data in {args.target}", file=sys.stderr)
+            sys.stderr.write(f"{_PROG}: no millpond recovery data in {args.target}\n")
             return 1
-        c = core()
         if args.cmd == "inspect":
-            reports = [json.loads(c.durable_report(backup.core_handle(), 0, f, args.keys)) for f in flows]
+            reports = [_report(handle, 0, f, args.keys) for f in flows]
             if args.json:
                 print(json.dumps(reports, indent=2))
-                return 0
-            for r in reports:
-                print(f"flow {r['flow_id']}")
-                print(f"  executions       {r['executions']}")
-                print(f"  committed epoch  {r['committed_epoch']} (commit records: {len(r['commit_epochs'] or [])})")
-                print(f"  layout           {r['worker_count']} worker(s), {r['key_group_count']} key groups")
-                print(f"  committed state  {r['objects']} objects ({r['segments']} segments, "
-                      f"{r['compacted']} compacted), {r['object_bytes']:,} bytes")
-                print(f"  stored in total  {r['stored_objects']} objects, {r['stored_bytes']:,} bytes")
-                for step, n in sorted((r.get("keys_per_step") or {}).items()):
-                    print(f"  keys {step:<30} {n:,}")
+            else:
+                for r in reports:
+                    _print_inspect(r)
             return 0
         bad = 0
         for f in flows:
-            problems = json.loads(c.durable_report(backup.core_handle(), 1, f, False)) or []
+            problems = _report(handle, 1, f) or []
             for p in problems:
                 print(f"{f}: {p['key']}: {p['problem']}")
             bad += len(problems)
             if not problems:
                 print(f"{f}: ok")
         return 1 if bad else 0
+    finally:
+        if owned:
+            core().backup_close(handle)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m millpond.recovery {inspect,verify} BACKUP``; returns the exit status."""
+    args = _build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        return 130
+    except _BadArgument as exc:
+        sys.stderr.write(f"{_PROG}: error: {exc}\n")
+        return 2
     except core().CoreError as exc:
-        print(f"error: {exc.args[-1]}", file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        kind, message = exc.args if len(exc.args) == 2 else (1, str(exc))
+        logger.debug("%s failed", args.cmd, exc_info=True)
+        if kind == 10:  # a configuration error: the backup the argument names
+            sys.stderr.write(f"{_PROG}: error: BACKUP {args.target}: {message}\n")
+            return 2
+        sys.stderr.write(f"{_PROG}: error: {message}\n")
+        return 1
+    except (RecoveryError, OSError) as exc:
+        logger.debug("%s failed", args.cmd, exc_info=True)
+        sys.stderr.write(f"{_PROG}: error: {type(exc).__name__}: {exc}\n")
+        return 1
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ Options, each with an environment variable used when the flag is absent:
 ======================================  ===============================  =========================================
 flag                                    environment variable             meaning
 ======================================  ===============================  =========================================
-``-w/--workers-per-process N``          ``MILLPOND_WORKERS_PER_PROCESS``  workers (threads) in this process
+``-w/--workers-per-process N``          ``MILLPOND_WORKERS_PER_PROCESS``  workers in this process; they take turns
+                                                                         on one thread and split the keys
 ``-i/--process-id I``                   ``MILLPOND_PROCESS_ID``           this process's index in ``--addresses``
 ``-a/--addresses "h:p;h:p"``            ``MILLPOND_ADDRESSES``            every process of the cluster
 ``-s/--epoch-interval SECONDS``         ``MILLPOND_EPOCH_INTERVAL``       epoch length (float, default 10)
@@ -22,11 +23,15 @@ flag                                    environment variable             meaning
 ``-b/--backup URI|module:factory()``    ``MILLPOND_BACKUP``               the durable store
 ``--snapshot-mode batch|immediate``     ``MILLPOND_SNAPSHOT_MODE``        when state is snapshotted
 ``--log-level LEVEL``                   ``MILLPOND_LOG_LEVEL``            logging level (default ``INFO``)
+``--version``                                                            print ``millpond X.Y.Z`` and exit
 ======================================  ===============================  =========================================
 
-Exit status: 0 when the flow finished; 2 for bad options or an
-``IMPORT_STR`` that does not give a ``Dataflow`` (one line on stderr); 1
-when the flow failed (the error and its cause on stderr); 130 on Ctrl-C.
+Exit status (the full table is in docs/cli.md): 0 when the flow finished;
+2 for anything found wrong before the flow starts (a bad flag or
+environment variable, a backup that cannot be opened, an ``IMPORT_STR``
+that does not give a valid ``Dataflow``), with one line on stderr naming
+the flag, variable or ``IMPORT_STR``; 1 when the flow failed while
+starting or running (the error and its cause on stderr); 130 on Ctrl-C.
 Run with ``--log-level DEBUG`` to get full tracebacks in the log.
 
 From Python, :func:`cli_main` runs a flow with the same settings::
@@ -40,6 +45,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -49,6 +55,7 @@ from millpond.importstr import (
     ImportStringError,
     backup_from_spec,
     headline,
+    is_backup_spec_factory,
     locate_dataflow,
     location,
     summarize,
@@ -76,7 +83,8 @@ def cli_main(
 ) -> None:
     """Run ``flow`` in this process with the command line's settings.
 
-    ``workers_per_process`` worker threads run here. For a cluster, give
+    ``workers_per_process`` workers run in this process: they take turns on
+    the calling thread and each owns a share of the keys. For a cluster, give
     every process the same ``addresses`` (``"host:port"`` strings) and its own
     ``process_id`` (its index in ``addresses``); leave both unset for a
     single process. ``epoch_interval`` is a ``timedelta`` or seconds (``None``
@@ -206,32 +214,115 @@ def _log_level(text: str) -> str:
     return level
 
 
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a value, got an empty string")
+    return text
+
+
 # (dest, env var, converter) for every option that an environment variable can set.
 _ENV: List[Tuple[str, str, Callable[[str], Any]]] = [
     ("workers_per_process", "MILLPOND_WORKERS_PER_PROCESS", _positive_int),
     ("process_id", "MILLPOND_PROCESS_ID", _non_negative_int),
     ("addresses", "MILLPOND_ADDRESSES", _addresses),
     ("epoch_interval", "MILLPOND_EPOCH_INTERVAL", _seconds),
-    ("local_state_dir", "MILLPOND_LOCAL_STATE_DIR", Path),
-    ("backup", "MILLPOND_BACKUP", str),
+    ("local_state_dir", "MILLPOND_LOCAL_STATE_DIR", _nonempty),
+    ("backup", "MILLPOND_BACKUP", _nonempty),
     ("snapshot_mode", "MILLPOND_SNAPSHOT_MODE", _snapshot_mode),
     ("log_level", "MILLPOND_LOG_LEVEL", _log_level),
 ]
 
+# The flag of each option, as error messages name it.
+_FLAGS: Dict[str, str] = {
+    "workers_per_process": "-w/--workers-per-process",
+    "process_id": "-i/--process-id",
+    "addresses": "-a/--addresses",
+    "epoch_interval": "-s/--epoch-interval",
+    "local_state_dir": "-d/--local-state-dir",
+    "backup": "-b/--backup",
+    "snapshot_mode": "--snapshot-mode",
+    "log_level": "--log-level",
+}
+
+# Bytewax 0.21's flags that millpond does not take, and what to use instead.
+# (-s is the same idea in both: Bytewax's snapshot interval is millpond's
+# epoch interval, since millpond snapshots at the end of every epoch.)
+_BYTEWAX_FLAGS: List[Tuple[Tuple[str, ...], str]] = [
+    (
+        ("-r", "--recovery-directory"),
+        "millpond keeps recovery data in a local state directory, -d/--local-state-dir DIR, and a "
+        "durable store, -b/--backup URI (both made on first use; there are no partitions to "
+        "initialize)",
+    ),
+    (
+        ("--snapshot-interval",),
+        "millpond snapshots state at the end of every epoch: use -s/--epoch-interval SECONDS",
+    ),
+    (
+        ("--backup-interval",),
+        "millpond has no backup interval: every committed epoch is backed up to -b/--backup, "
+        "and RecoveryConfig(retain_epochs=..., retain_for=...) sets how long older epochs are kept",
+    ),
+]
+
+
+class _BytewaxFlag(argparse.Action):
+    """A Bytewax flag millpond does not take: exit 2 with a pointer to the
+    millpond equivalent instead of argparse's "unrecognized arguments"."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, hint: str = "", **kwargs: Any) -> None:
+        self.hint = hint
+        super().__init__(option_strings, dest, nargs="?", help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any,
+                 option_string: Optional[str] = None) -> None:
+        flags = "/".join(self.option_strings)
+        parser.exit(2, f"{_PROG}: error: {flags} is a Bytewax flag; {self.hint}\n")
+
+
+_NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
+def _bare_number_hint(value: str) -> Optional[str]:
+    """The refusal for a ``-b`` value that is a bare number, as Bytewax's
+    ``-b/--backup-interval 60`` would be; ``None`` for anything else."""
+    if not _NUMBER.fullmatch(value.strip()):
+        return None
+    return (
+        "-b takes a backup URI or directory, not a number; millpond has no backup interval: "
+        "every committed epoch is backed up (see -s/--epoch-interval). "
+        f"For a directory named {value.strip()}, write ./{value.strip()}"
+    )
+
+
+_EPILOG = """\
+IMPORT_STR is MODULE_OR_PATH[:ATTR]; ATTR defaults to 'flow' and may call a
+factory with literal arguments, e.g. 'flows.wc:get_flow("/tmp/in.txt", n=3)'.
+
+exit status: 0 the flow finished; 2 something was wrong before it started
+(a flag, an environment variable, the backup, IMPORT_STR or the flow it
+names; one line on stderr); 1 it failed while starting or running; 130
+Ctrl-C. The full table is in docs/cli.md.
+
+Coming from Bytewax: -s is the same; -r/--recovery-directory becomes -d DIR
+(and -b URI); there is no --backup-interval (every committed epoch is backed
+up), so -b takes a backup URI or directory, not seconds."""
+
 
 def _build_parser() -> _Parser:
+    from millpond import __version__
+
     p = _Parser(
         prog=_PROG,
         description="Run a millpond dataflow. Flags override the MILLPOND_* environment variables.",
-        epilog=(
-            "IMPORT_STR is MODULE_OR_PATH[:ATTR]; ATTR defaults to 'flow' and may call a factory "
-            "with literal arguments, e.g. 'flows.wc:get_flow(\"/tmp/in.txt\", n=3)'."
-        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("import_str", metavar="IMPORT_STR", help="the dataflow to run")
     p.add_argument(
-        "-w", "--workers-per-process", type=_positive_int, default=1, metavar="N",
-        help="worker threads in this process (default 1) [env: MILLPOND_WORKERS_PER_PROCESS]",
+        "-w", "--workers-per-process", type=_positive_int, default=None, metavar="N",
+        help="workers in this process (default 1); they take turns on one thread and split the keys "
+        "between them [env: MILLPOND_WORKERS_PER_PROCESS]",
     )
     p.add_argument(
         "-i", "--process-id", type=_non_negative_int, default=None, metavar="I",
@@ -243,16 +334,18 @@ def _build_parser() -> _Parser:
     )
     p.add_argument(
         "-s", "--epoch-interval", type=_seconds, default=None, metavar="SECONDS",
-        help="length of an epoch in seconds, may be fractional (default 10) [env: MILLPOND_EPOCH_INTERVAL]",
+        help="length of an epoch in seconds, may be fractional (default 10); state is snapshotted "
+        "and committed at the end of every epoch [env: MILLPOND_EPOCH_INTERVAL]",
     )
     p.add_argument(
-        "-d", "--local-state-dir", type=Path, default=None, metavar="DIR",
-        help="turn recovery on, keeping the local state store in DIR [env: MILLPOND_LOCAL_STATE_DIR]",
+        "-d", "--local-state-dir", type=_nonempty, default=None, metavar="DIR",
+        help="turn recovery on, keeping the local state store in DIR (made if missing) "
+        "[env: MILLPOND_LOCAL_STATE_DIR]",
     )
     p.add_argument(
-        "-b", "--backup", type=str, default=None, metavar="URI|MODULE:FACTORY()",
-        help="durable store: a directory, file:///dir, s3://bucket/prefix, or a factory returning "
-        "a Backup (default DIR/backup) [env: MILLPOND_BACKUP]",
+        "-b", "--backup", type=_nonempty, default=None, metavar="URI",
+        help="the durable store: a directory, file:///dir, s3://bucket/prefix, or "
+        "'MODULE:FACTORY()' returning a Backup object (default DIR/backup) [env: MILLPOND_BACKUP]",
     )
     p.add_argument(
         "--snapshot-mode", type=_snapshot_mode, default=None, metavar="batch|immediate",
@@ -260,9 +353,13 @@ def _build_parser() -> _Parser:
         "[env: MILLPOND_SNAPSHOT_MODE]",
     )
     p.add_argument(
-        "--log-level", type=_log_level, default="INFO", metavar="LEVEL",
+        "--log-level", type=_log_level, default=None, metavar="LEVEL",
         help="DEBUG, INFO (default), WARNING, ERROR or CRITICAL [env: MILLPOND_LOG_LEVEL]",
     )
+    p.add_argument("--version", action="version", version=f"millpond {__version__}",
+                   help="print 'millpond X.Y.Z' and exit")
+    for i, (flags, hint) in enumerate(_BYTEWAX_FLAGS):
+        p.add_argument(*flags, action=_BytewaxFlag, dest=f"_bytewax_{i}", hint=hint)
     return p
 
 
@@ -271,25 +368,101 @@ def _fail(message: str, status: int = 2) -> int:
     return status
 
 
+def _local_state_dir_problem(path: Path) -> Optional[str]:
+    """What makes ``path`` unusable as a local state directory, or ``None``.
+
+    A missing directory is fine: the core makes it, parents and all.
+    """
+    if path.exists():
+        if not path.is_dir():
+            return (
+                "exists and is not a directory; name a directory, or a path that does not "
+                "exist yet (it is made, with its parents)"
+            )
+        if not os.access(path, os.W_OK | os.X_OK):
+            return "is not writable by this user"
+        return None
+    ancestor = path.absolute().parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"cannot be made: {ancestor} exists and is not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"cannot be made: {ancestor} is not writable by this user"
+    return None
+
+
+def _check_backup(spec: str) -> Any:
+    """Resolve and open the backup ``spec`` names, as the run will.
+
+    Returns what ``RecoveryConfig`` takes (the spec for a URI, the object a
+    factory returned). Raises ``ImportStringError`` or ``ValueError`` with
+    the reason; ``ImportError`` when the Go extension is missing.
+    """
+    backup = backup_from_spec(spec)
+    if isinstance(backup, str):
+        scheme, sep, rest = backup.partition("://")
+        if sep:
+            backup = f"{scheme.lower()}://{rest}"  # S3://b/p is s3://b/p
+        from millpond.backup import backup_from_uri
+
+        # Opening parses the URI and checks a directory's path (its parent
+        # must exist; the directory itself is made). S3 makes no request:
+        # an endpoint that does not answer is found when the run starts.
+        opened = backup_from_uri(backup)
+        close = getattr(opened, "close", None)
+        if close is not None:
+            close()
+    return backup
+
+
+def _check_flow(flow: Any) -> None:
+    """Compile ``flow`` as the engine will, so that a flow without an input
+    or an output is reported before anything starts (``ValueError``)."""
+    from millpond.engine.plan import compile_plan
+
+    compile_plan(flow)
+
+
+def _strip_quoted(message: str, value: str) -> str:
+    """Drop a leading ``backup URI "VALUE": `` that repeats the value the
+    error line already names."""
+    for quoted in (f'backup URI "{value}": ', f"backup URI {value!r}: ", f'backup URI "{value}" '):
+        if message.startswith(quoted):
+            return message[len(quoted):] if quoted.endswith(": ") else message[len(quoted) - 1:].lstrip()
+    return message
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the flow, return the exit status."""
-    parser = _build_parser()
-    # Environment variables become defaults, so flags win; a bad value is
+    args = _build_parser().parse_args(argv)
+
+    # Environment variables fill in what no flag set; a bad value is
     # reported with the variable's name, since no flag was typed.
-    env_defaults: Dict[str, Any] = {}
+    source: Dict[str, str] = {}
     for dest, var, convert in _ENV:
+        if getattr(args, dest) is not None:
+            source[dest] = _FLAGS[dest]
+            continue
         raw = os.environ.get(var)
         if raw is None or raw.strip() == "":
             continue
         try:
-            env_defaults[dest] = convert(raw)
+            setattr(args, dest, convert(raw))
         except (argparse.ArgumentTypeError, ValueError) as ex:
             return _fail(f"{var}={raw!r}: {ex}")
-    parser.set_defaults(**env_defaults)
-    args = parser.parse_args(argv)
+        source[dest] = var
 
+    def named(dest: str) -> str:
+        """The flag and value, or the variable and value, for an error line."""
+        value = getattr(args, dest)
+        where = source[dest]
+        return f"{where}={value!r}" if where.startswith("MILLPOND_") else f"{where} {value}"
+
+    if args.workers_per_process is None:
+        args.workers_per_process = 1
     logging.basicConfig(
-        level=args.log_level,
+        level=args.log_level or "INFO",
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -302,21 +475,44 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "addresses (process ids start at 0)"
         )
     if args.local_state_dir is None:
-        for dest, flag in (("backup", "-b/--backup"), ("snapshot_mode", "--snapshot-mode")):
+        for dest in ("backup", "snapshot_mode"):
             if getattr(args, dest) is not None:
+                flag = _FLAGS[dest] if source[dest].startswith("-") else source[dest]
                 return _fail(f"{flag} needs -d/--local-state-dir: recovery is off without a local state dir")
+    else:
+        problem = _local_state_dir_problem(Path(args.local_state_dir))
+        if problem is not None:
+            return _fail(f"{named('local_state_dir')}: {problem}")
+    if args.backup is not None and not is_backup_spec_factory(args.backup):
+        hint = _bare_number_hint(args.backup)
+        if hint is not None:
+            return _fail(f"{named('backup')}: {hint}")
 
     try:
         flow = locate_dataflow(args.import_str)
     except ImportStringError as ex:
         return _fail(str(ex))
+    try:
+        _check_flow(flow)
+    except (ValueError, TypeError) as ex:
+        logger.debug("the dataflow is not valid", exc_info=True)
+        return _fail(f"IMPORT_STR {args.import_str}: the dataflow cannot run: {ex}")
 
     recovery_config = None
     if args.local_state_dir is not None:
+        backup: Any = None
+        if args.backup is not None:
+            try:
+                backup = _check_backup(args.backup)
+            except ImportStringError as ex:
+                return _fail(f"{named('backup')}: {ex}")
+            except ImportError as ex:
+                logger.debug("cannot load recovery", exc_info=True)
+                return _fail(f"recovery is not available in this installation: {summarize(ex)}", 1)
+            except ValueError as ex:
+                return _fail(f"{named('backup')}: {_strip_quoted(str(ex), args.backup)}")
         try:
-            recovery_config = _recovery_config(args.local_state_dir, args.backup, args.snapshot_mode)
-        except ImportStringError as ex:
-            return _fail(str(ex))
+            recovery_config = _recovery_config(args.local_state_dir, backup, args.snapshot_mode)
         except ImportError as ex:
             logger.debug("cannot load recovery", exc_info=True)
             return _fail(f"recovery is not available in this installation: {summarize(ex)}", 1)
@@ -354,30 +550,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         logger.debug("recovery failed", exc_info=True)
         return _fail(f"{type(ex).__name__}: {ex}", 1)
     except (ValueError, TypeError) as ex:
-        # Build-time mistakes in the flow (no output, duplicate ids, ...)
-        # come with messages that say what to change.
-        logger.debug("the dataflow was rejected", exc_info=True)
-        return _fail(f"the dataflow was rejected: {type(ex).__name__}: {ex}", 1)
+        # The engine refused these settings before anything ran (e.g. more
+        # than one address while multi-process clusters are not supported).
+        logger.debug("the flow was not started", exc_info=True)
+        return _fail(f"the flow was not started: {ex}")
     return 0
 
 
-def _recovery_config(local_state_dir: Path, backup_spec: Optional[str], snapshot_mode: Optional[str]) -> Any:
+def _recovery_config(local_state_dir: str, backup: Any, snapshot_mode: Optional[str]) -> Any:
     # Imported here: the recovery module needs the Go extension, and the
     # rest of the CLI (--help, argument errors) should work without it.
     from millpond.recovery import RecoveryConfig, SnapshotMode
 
     kwargs: Dict[str, Any] = {}
-    if backup_spec is not None:
-        kwargs["backup"] = backup_from_spec(backup_spec)
+    if backup is not None:
+        kwargs["backup"] = backup
     if snapshot_mode is not None:
         kwargs["snapshot_mode"] = SnapshotMode.BATCH if snapshot_mode == "batch" else SnapshotMode.IMMEDIATE
-    # The user named the directory on the command line: make it, as `mkdir
-    # -p` would, rather than fail. A path whose parent is missing, or that
-    # is a file, still gets RecoveryConfig's error.
-    path = Path(local_state_dir)
-    if not path.exists() and path.parent.is_dir():
-        path.mkdir()
-    return RecoveryConfig(local_state_dir, **kwargs)
+    # A missing directory is made, with its parents, when the run starts.
+    return RecoveryConfig(Path(local_state_dir), **kwargs)
 
 
 if __name__ == "__main__":
