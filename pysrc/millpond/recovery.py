@@ -231,7 +231,7 @@ def _open_target(target: str) -> Any:
     scheme, sep, rest = backup.partition("://")
     if sep:
         backup = f"{scheme.lower()}://{rest}"
-    if not sep or scheme.lower() == "file":
+    if (not sep and backup[:3].lower() != "s3:") or scheme.lower() == "file":
         path = Path(rest if sep else backup)
         if sep and not rest.startswith("/"):
             pass  # the core explains a relative file:// URI
@@ -256,7 +256,10 @@ def _print_inspect(r: dict) -> None:
     print(f"  layout           {r['worker_count']} worker(s), {r['key_group_count']} key groups")
     print(f"  committed state  {r['objects']} objects ({r['segments']} segments, "
           f"{r['compacted']} compacted), {r['object_bytes']:,} bytes")
-    print(f"  stored in total  {r['stored_objects']} objects, {r['stored_bytes']:,} bytes")
+    if r["stored_bytes"] < 0:  # a Python backup's listing has no sizes
+        print(f"  stored in total  {r['stored_objects']} objects (this backup does not report sizes)")
+    else:
+        print(f"  stored in total  {r['stored_objects']} objects, {r['stored_bytes']:,} bytes")
     for step, n in sorted((r.get("keys_per_step") or {}).items()):
         print(f"  keys {step:<30} {n:,}")
 
@@ -270,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
     except TypeError as exc:  # pragma: no cover - backup_from_spec checked the methods
         raise _BadArgument(f"BACKUP {args.target}: {exc}") from None
     try:
-        flows = _report(handle, 2)
+        flows = _report(handle, 2) or []
         if args.flow is not None:
             if args.flow not in flows:
                 there = f"the flows there: {', '.join(flows)}" if flows else "it holds no millpond recovery data"
