@@ -2,13 +2,19 @@
 
 The input has a header ``customer,amount``; every order emits the
 customer's new running total. Output goes to ``out_dir/totals_0.txt`` ...,
-one file per partition, each customer always in the same file::
+one file per partition, each customer always in the same file, in order.
+``examples/data/orders.csv`` is a sample; from the repository root::
 
-    python -m millpond.run 'examples/csv_totals.py:get_flow("orders.csv", "totals")' -w 2 -d state
+    python -m millpond.run 'examples/csv_totals.py:get_flow("examples/data/orders.csv", "totals")' -w 2 -d state
+
+writes ``totals/totals_0.txt`` and ``totals/totals_1.txt``; ann's three
+orders (12.50, 7.25, 30.00) give the lines ``ann,12.50``, ``ann,19.75`` and
+``ann,49.75`` in one of them.
 
 With ``-d`` a resumed run restores each customer's total, re-reads the CSV
 from the byte after the last committed row and truncates the output files to
-what was committed, so the files never show an order twice.
+what was committed, so the files never show an order twice. Running the
+command again after it finished reads only rows appended to the CSV since.
 """
 
 from __future__ import annotations

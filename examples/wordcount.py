@@ -23,11 +23,12 @@ from millpond.dataflow import Dataflow
 
 __all__ = ["get_flow", "words"]
 
-_WORD = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)*")
+_WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
 
 
 def words(line: str) -> List[str]:
-    """Lower-cased words of ``line``: runs of letters, with inner apostrophes."""
+    """Lower-cased words of ``line``: runs of letters and digits, with inner
+    apostrophes (``cat's``, ``w42``, ``2024``); punctuation and ``_`` split words."""
     return _WORD.findall(line.lower())
 
 

@@ -10,6 +10,8 @@ the Go extension.
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -938,7 +940,34 @@ def test_example_wordcount_counts_every_word(tmp_path):
     got = dict(line.split("\t") for line in (tmp_path / "counts.tsv").read_text().splitlines())
     expected = collections.Counter(w for line in text.splitlines() for w in module.words(line))
     assert {k: int(v) for k, v in got.items()} == dict(expected)
-    assert expected["the"] == 3 and expected["cat's"] == 1
+    assert expected["the"] == 3 and expected["cat's"] == 1 and expected["42"] == 1
+
+
+def test_example_wordcount_keeps_digits_in_words():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("wordcount_example", EXAMPLES / "wordcount.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # The generated input of docs/getting-started.md: words w0 ... w4999.
+    assert module.words("w12 w3 w12 2024") == ["w12", "w3", "w12", "2024"]
+    assert module.words("Don't stop_now, A-1!") == ["don't", "stop", "now", "a", "1"]
+
+
+def test_example_csv_totals_runs_as_its_docstring_says_on_the_shipped_sample(tmp_path):
+    shutil.copytree(EXAMPLES, tmp_path / "examples")  # the command is run from the repository root
+    doc = (EXAMPLES / "csv_totals.py").read_text()
+    command = next(line.strip() for line in doc.splitlines() if line.strip().startswith("python -m millpond.run"))
+    args = shlex.split(command)[3:]
+    out = _run_cli(args, tmp_path)
+    assert out.returncode == 0, out.stderr
+    files = sorted((tmp_path / "totals").iterdir())
+    assert [f.name for f in files] == ["totals_0.txt", "totals_1.txt"]
+    lines = [line for f in files for line in f.read_text().splitlines()]
+    rows = (EXAMPLES / "data" / "orders.csv").read_text().splitlines()[1:]
+    assert len(lines) == len(rows)
+    ann = next(f.read_text().splitlines() for f in files if "ann," in f.read_text())
+    assert [line for line in ann if line.startswith("ann,")] == ["ann,12.50", "ann,19.75", "ann,49.75"]
 
 
 def test_example_csv_totals_writes_running_totals_per_customer(tmp_path):
