@@ -3,11 +3,7 @@ package main
 /*
 #include <stdint.h>
 #include <stdlib.h>
-
-// Defined in pybackup.c: calls a method of a Python backup object with the
-// GIL held. op: 0 list, 1 upload, 2 download, 3 delete.
-extern int mp_pybackup_call(void *obj, int op, char *a, char *b, char **out, size_t *out_len, char **err);
-extern void mp_pybackup_release(void *obj);
+#include "gocalls.h"
 */
 import "C"
 
@@ -25,22 +21,23 @@ import (
 
 // pyBackup is a backup.Backup whose operations are methods of a Python
 // object (list_keys, upload, download, delete), for stores the core does
-// not speak. Calls take the GIL, so they run one at a time.
+// not speak. Calls take the GIL (pybackup.c), so they run one at a time.
 type pyBackup struct {
 	obj  unsafe.Pointer
 	desc string
 }
 
-func (p *pyBackup) call(op int, a, b string) (string, error) {
+func (p *pyBackup) call(op C.int, a, b string) (string, error) {
 	ca, cb := C.CString(a), C.CString(b)
 	defer C.free(unsafe.Pointer(ca))
 	defer C.free(unsafe.Pointer(cb))
 	var out, msg *C.char
 	var n C.size_t
-	if C.mp_pybackup_call(p.obj, C.int(op), ca, cb, &out, &n, &msg) != 0 {
+	var notFound C.int
+	if C.mp_pybackup_call(p.obj, op, ca, cb, &out, &n, &msg, &notFound) != 0 {
 		text := C.GoString(msg)
 		C.free(unsafe.Pointer(msg))
-		if strings.HasPrefix(text, "FileNotFoundError") || strings.HasPrefix(text, "KeyError") {
+		if notFound != 0 {
 			return "", fmt.Errorf("%s: %w", text, backup.ErrNotFound)
 		}
 		return "", errors.New(text)
@@ -51,7 +48,7 @@ func (p *pyBackup) call(op int, a, b string) (string, error) {
 }
 
 func (p *pyBackup) List(ctx context.Context, prefix string) ([]backup.ObjectInfo, error) {
-	res, err := p.call(0, prefix, "")
+	res, err := p.call(C.MP_BACKUP_LIST, prefix, "")
 	if err != nil {
 		return nil, fmt.Errorf("list %q in %s: %w", prefix, p.desc, err)
 	}
@@ -68,21 +65,21 @@ func (p *pyBackup) List(ctx context.Context, prefix string) ([]backup.ObjectInfo
 }
 
 func (p *pyBackup) Upload(ctx context.Context, localPath, key string) error {
-	if _, err := p.call(1, localPath, key); err != nil {
+	if _, err := p.call(C.MP_BACKUP_UPLOAD, localPath, key); err != nil {
 		return fmt.Errorf("upload %s to %s in %s: %w", localPath, key, p.desc, err)
 	}
 	return nil
 }
 
 func (p *pyBackup) Download(ctx context.Context, key, localPath string) error {
-	if _, err := p.call(2, key, localPath); err != nil {
+	if _, err := p.call(C.MP_BACKUP_DOWNLOAD, key, localPath); err != nil {
 		return fmt.Errorf("download %s from %s: %w", key, p.desc, err)
 	}
 	return nil
 }
 
 func (p *pyBackup) Delete(ctx context.Context, key string) error {
-	if _, err := p.call(3, key, ""); err != nil {
+	if _, err := p.call(C.MP_BACKUP_DELETE, key, ""); err != nil {
 		return fmt.Errorf("delete %s from %s: %w", key, p.desc, err)
 	}
 	return nil
@@ -124,7 +121,8 @@ func mp_backup_open(uri, keyID, secret, token *C.char, out *C.uintptr_t, errKind
 		"AWS_ACCESS_KEY_ID": C.GoString(keyID), "AWS_SECRET_ACCESS_KEY": C.GoString(secret),
 		"AWS_SESSION_TOKEN": C.GoString(token),
 	})
-	b, err := backupuri.Open(context.Background(), C.GoString(uri), backupuri.WithGetenv(getenv))
+	b, err := backupuri.Open(context.Background(), C.GoString(uri),
+		backupuri.WithGetenv(getenv), backupuri.WithLogger(bridge.logger()))
 	if err != nil {
 		return setErr(withKind(kindConfig, err), errKind, errMsg)
 	}
@@ -162,43 +160,72 @@ func mp_backup_describe(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.
 	return 0
 }
 
-// mp_backup_op runs one backup operation: 0 list (a = prefix; result is
-// "key\tsize" entries separated by NUL), 1 upload (a = local path, b =
-// key), 2 download (a = key, b = local path), 3 delete (a = key), 4 check.
+// mp_backup_list returns "key\tsize" entries, each NUL-terminated.
 //
-//export mp_backup_op
-func mp_backup_op(h C.uintptr_t, op C.int, a, b *C.char, out **C.char, outLen *C.size_t, errKind *C.int, errMsg **C.char) C.int {
+//export mp_backup_list
+func mp_backup_list(h C.uintptr_t, prefix *C.char, out **C.char, outLen *C.size_t, errKind *C.int, errMsg **C.char) C.int {
 	bh, err := lookup[*backupHandle](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	ctx := context.Background()
-	sa, sb := C.GoString(a), C.GoString(b)
-	switch op {
-	case 0:
-		objs, err := bh.b.List(ctx, sa)
-		if err != nil {
-			return setErr(withKind(kindBackup, err), errKind, errMsg)
-		}
-		var sbuf strings.Builder
-		for _, o := range objs {
-			fmt.Fprintf(&sbuf, "%s\t%d\x00", o.Key, o.Size)
-		}
-		res := sbuf.String()
-		*out, *outLen = C.CString(res), C.size_t(len(res))
-		return 0
-	case 1:
-		err = bh.b.Upload(ctx, sa, sb)
-	case 2:
-		err = bh.b.Download(ctx, sa, sb)
-	case 3:
-		err = bh.b.Delete(ctx, sa)
-	case 4:
-		if c, ok := bh.b.(backup.Checker); ok {
-			err = c.Check(ctx)
-		}
-	default:
-		err = fmt.Errorf("unknown backup operation %d", int(op))
+	objs, err := bh.b.List(context.Background(), C.GoString(prefix))
+	if err != nil {
+		return setErr(withKind(kindBackup, err), errKind, errMsg)
 	}
-	return setErr(withKind(kindBackup, err), errKind, errMsg)
+	var sb strings.Builder
+	for _, o := range objs {
+		fmt.Fprintf(&sb, "%s\t%d\x00", o.Key, o.Size)
+	}
+	res := sb.String()
+	*out, *outLen = C.CString(res), C.size_t(len(res))
+	return 0
+}
+
+//export mp_backup_upload
+func mp_backup_upload(h C.uintptr_t, path, key *C.char, errKind *C.int, errMsg **C.char) C.int {
+	return backupOp(h, errKind, errMsg, func(b backup.Backup) error {
+		return b.Upload(context.Background(), C.GoString(path), C.GoString(key))
+	})
+}
+
+// mp_backup_download reports a missing key as kind not_found, which the
+// Python side raises as FileNotFoundError (the Backup protocol's way).
+//
+//export mp_backup_download
+func mp_backup_download(h C.uintptr_t, key, path *C.char, errKind *C.int, errMsg **C.char) C.int {
+	return backupOp(h, errKind, errMsg, func(b backup.Backup) error {
+		err := b.Download(context.Background(), C.GoString(key), C.GoString(path))
+		if errors.Is(err, backup.ErrNotFound) {
+			return kinded{kind: kindNotFound, err: err}
+		}
+		return err
+	})
+}
+
+//export mp_backup_delete
+func mp_backup_delete(h C.uintptr_t, key *C.char, errKind *C.int, errMsg **C.char) C.int {
+	return backupOp(h, errKind, errMsg, func(b backup.Backup) error {
+		return b.Delete(context.Background(), C.GoString(key))
+	})
+}
+
+// mp_backup_check checks that the store is reachable and usable, where the
+// backend can tell (backup.Checker).
+//
+//export mp_backup_check
+func mp_backup_check(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
+	return backupOp(h, errKind, errMsg, func(b backup.Backup) error {
+		if c, ok := b.(backup.Checker); ok {
+			return c.Check(context.Background())
+		}
+		return nil
+	})
+}
+
+func backupOp(h C.uintptr_t, errKind *C.int, errMsg **C.char, op func(backup.Backup) error) C.int {
+	bh, err := lookup[*backupHandle](uintptr(h))
+	if err != nil {
+		return setErr(err, errKind, errMsg)
+	}
+	return setErr(withKind(kindBackup, op(bh.b)), errKind, errMsg)
 }

@@ -7,37 +7,64 @@ import "C"
 
 import (
 	"errors"
-	"os"
+	"strings"
 
-	"github.com/millpond/millpond/gostore/backup"
 	"github.com/millpond/millpond/gostore/durable"
 	"github.com/millpond/millpond/gostore/localstore"
 	"github.com/millpond/millpond/gostore/rowbatch"
 	"github.com/millpond/millpond/gostore/snapfile"
 )
 
-// Error kinds understood by millpond/_corebridge.py, which maps them to the
-// exception classes of millpond.errors. Keep the two lists in step.
+// errorKind classifies an error for the Python side, which raises the
+// exception class registered for the kind's name (set_error_types; see
+// millpond/_corebridge.py). The names are read at import as
+// _core.ERROR_KINDS, so the list exists only here.
+type errorKind int
+
+// The error kinds; kindNames names them.
 const (
-	kindOK            = 0
-	kindGeneric       = 1
-	kindLocked        = 2
-	kindForeign       = 3
-	kindLayoutChanged = 4
-	kindCorrupt       = 5
-	kindMalformed     = 6
-	kindClosed        = 7
-	kindNotFound      = 8
-	kindBackup        = 9
-	kindConfig        = 10
-	kindRecovery      = 11
+	kindOK errorKind = iota
+	kindStore
+	kindLocked
+	kindForeign
+	kindLayoutChanged
+	kindCorrupt
+	kindMalformed
+	kindClosed
+	kindNotFound
+	kindBackup
+	kindConfig
+	kindRecovery
 )
+
+var kindNames = [...]string{
+	kindStore:         "store",
+	kindLocked:        "locked",
+	kindForeign:       "foreign",
+	kindLayoutChanged: "layout_changed",
+	kindCorrupt:       "corrupt",
+	kindMalformed:     "malformed",
+	kindClosed:        "closed",
+	kindNotFound:      "not_found",
+	kindBackup:        "backup",
+	kindConfig:        "config",
+	kindRecovery:      "recovery",
+}
+
+// mp_error_kinds returns the kind names from kind 1 on, NUL-terminated one
+// after another (malloc'd; the caller frees it).
+//
+//export mp_error_kinds
+func mp_error_kinds(n *C.int) *C.char {
+	*n = C.int(len(kindNames) - 1)
+	return C.CString(strings.Join(kindNames[1:], "\x00") + "\x00")
+}
 
 var errBadHandle = errors.New("object is closed")
 
 // kinded tags an error with the kind to report, keeping its message.
 type kinded struct {
-	kind int
+	kind errorKind
 	err  error
 }
 
@@ -45,26 +72,24 @@ func (k kinded) Error() string { return k.err.Error() }
 func (k kinded) Unwrap() error { return k.err }
 
 // withKind tags err with kind unless it already has a more specific one.
-func withKind(kind int, err error) error {
+func withKind(kind errorKind, err error) error {
 	if err == nil {
 		return nil
 	}
-	if k := kindOf(err); k != kindGeneric {
+	if kindOf(err) != kindStore {
 		return err
 	}
 	return kinded{kind: kind, err: err}
 }
 
-func kindOf(err error) int {
+// kindOf classifies err. "Not found" is not among the sentinels: it is a
+// kind only where the protocol says so (a backup download), which tags it.
+func kindOf(err error) errorKind {
+	var k kinded
 	switch {
 	case err == nil:
 		return kindOK
-	case errors.As(err, new(kinded)):
-		var k kinded
-		errors.As(err, &k)
-		if k.kind == kindBackup && errors.Is(err, backup.ErrNotFound) {
-			return kindNotFound
-		}
+	case errors.As(err, &k):
 		return k.kind
 	case errors.Is(err, localstore.ErrLocked):
 		return kindLocked
@@ -72,20 +97,16 @@ func kindOf(err error) int {
 		return kindForeign
 	case errors.Is(err, localstore.ErrLayoutChanged):
 		return kindLayoutChanged
-	case errors.Is(err, snapfile.ErrNotSnapshotFile):
+	case errors.Is(err, snapfile.ErrNotSnapshotFile), errors.Is(err, durable.ErrCorrupt):
 		return kindCorrupt
 	case errors.Is(err, rowbatch.ErrMalformed):
 		return kindMalformed
 	case errors.Is(err, errBadHandle):
 		return kindClosed
-	case errors.Is(err, durable.ErrCorrupt):
-		return kindCorrupt
 	case errors.Is(err, durable.ErrBackup):
 		return kindBackup
-	case errors.Is(err, os.ErrNotExist), errors.Is(err, backup.ErrNotFound):
-		return kindNotFound
 	}
-	return kindGeneric
+	return kindStore
 }
 
 // setErr reports err through the C out-parameters and returns its kind.

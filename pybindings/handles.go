@@ -1,6 +1,12 @@
 package main
 
+/*
+#include <stdlib.h>
+*/
+import "C"
+
 import (
+	"encoding/json"
 	"fmt"
 	"runtime/cgo"
 )
@@ -39,4 +45,15 @@ func deleteHandle(h uintptr) {
 	if _, ok := safeValue(cgo.Handle(h)); ok {
 		cgo.Handle(h).Delete()
 	}
+}
+
+// setJSON returns v through *out as malloc'd JSON, the one form in which
+// records cross to Python (the C side decodes them; keys are snake_case).
+func setJSON(v any, out **C.char, errKind *C.int, errMsg **C.char) C.int {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return setErr(fmt.Errorf("encode result: %w", err), errKind, errMsg)
+	}
+	*out = C.CString(string(b))
+	return 0
 }

@@ -1,43 +1,49 @@
 // millpond._core: the CPython face of the Go core.
 //
-// This file owns everything that touches Python objects: argument parsing,
-// packing snapshot rows into one buffer, unpacking results into Python
-// objects. Each call into Go runs with the GIL released; Go never sees a
-// PyObject.
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+// This file holds the module: its one method table, the error kinds and
+// the exception classes registered for them, and the helpers every other
+// .c file shares. Each of those files wraps the exports of the Go file of
+// the same name. Python objects are built here in C; records that the Go
+// side describes cross as JSON with snake_case keys and are decoded here,
+// so Python code always receives Python objects. Each call into Go runs
+// with the GIL released; Go never sees a PyObject.
+#include "module.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "_cgo_export.h"
-#include "module.h"
 
-PyObject *mp_CoreError = NULL;
+static PyObject *CoreError = NULL;
+static PyObject *json_loads = NULL;
+// Error kinds as the Go side names them (kind i is kind_names[i-1]), and
+// the exception class registered for each (NULL: CoreError).
+static PyObject *kind_names = NULL;
+#define MAX_KINDS 64
+static PyObject *kind_types[MAX_KINDS];
 
-// Raise _core.CoreError(kind, message) and free the Go-allocated message.
 PyObject *mp_raise(int kind, char *msg) {
-    PyObject *args = Py_BuildValue("(is)", kind, msg ? msg : "unknown error in the Go core");
+    PyObject *type = (kind > 0 && kind < MAX_KINDS && kind_types[kind]) ? kind_types[kind] : CoreError;
+    PyErr_SetString(type, msg ? msg : "unknown error in the Go core");
     free(msg);
-    if (args != NULL) {
-        PyErr_SetObject(mp_CoreError, args);
-        Py_DECREF(args);
-    }
     return NULL;
 }
 
-// ---- varints -------------------------------------------------------------
-
-static inline char *put_uvarint(char *p, uint64_t v) {
-    while (v >= 0x80) {
-        *p++ = (char)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (char)v;
-    return p;
+PyObject *mp_take_json(char *json) {
+    PyObject *text = PyUnicode_FromString(json ? json : "null");
+    free(json);
+    if (text == NULL) return NULL;
+    PyObject *out = PyObject_CallOneArg(json_loads, text);
+    Py_DECREF(text);
+    return out;
 }
 
-// Reads a uvarint; returns NULL if it runs past end.
+PyObject *mp_take_str(char *s) {
+    PyObject *o = PyUnicode_FromString(s ? s : "");
+    free(s);
+    return o;
+}
+
 const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out) {
     uint64_t v = 0;
     int shift = 0;
@@ -53,393 +59,175 @@ const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out) {
     return NULL;
 }
 
-// ---- store ---------------------------------------------------------------
-
-static PyObject *store_open(PyObject *self, PyObject *args) {
-    const char *dir, *flow;
-    int wi, wc, kg;
-    long long execution, resume;
-    if (!PyArg_ParseTuple(args, "ssiiiLL", &dir, &flow, &wi, &wc, &kg, &execution, &resume)) return NULL;
-    uintptr_t h = 0;
-    CALL_GO(mp_store_open((char *)dir, (char *)flow, wi, wc, kg, execution, resume, &h, &kind, &msg));
-    return PyLong_FromUnsignedLongLong(h);
-}
-
-static PyObject *store_close(PyObject *self, PyObject *args) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    CALL_GO(mp_store_close(h, &kind, &msg));
+// set_error_types(types: dict[str, type]): the exception class to raise
+// for each error kind, by name.
+static PyObject *py_set_error_types(PyObject *self, PyObject *arg) {
+    if (!PyDict_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "set_error_types needs a dict of kind name -> exception class");
+        return NULL;
+    }
+    PyObject *name, *type;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(arg, &pos, &name, &type)) {
+        Py_ssize_t i = PySequence_Index(kind_names, name);
+        if (i < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "unknown error kind %R; the core's kinds are %R", name, kind_names);
+            return NULL;
+        }
+        if (!PyType_Check(type) || !PyType_IsSubtype((PyTypeObject *)type, (PyTypeObject *)PyExc_BaseException)) {
+            PyErr_Format(PyExc_TypeError, "error kind %R needs an exception class, got %R", name, type);
+            return NULL;
+        }
+        if (i + 1 >= MAX_KINDS) continue;
+        Py_INCREF(type);
+        Py_XSETREF(kind_types[i + 1], type);
+    }
     Py_RETURN_NONE;
 }
-
-// Packs rows, a list of (step: str, key: str, value: bytes | None), into
-// the rowbatch wire format; a bytes object is taken as already packed
-// (pack_snapshot). Returns a malloc'd buffer or NULL with an exception set.
-char *mp_pack_rows(PyObject *rows, size_t *out_len) {
-    if (PyBytes_Check(rows)) {
-        size_t n = (size_t)PyBytes_GET_SIZE(rows);
-        char *copy = malloc(n ? n : 1);
-        if (copy == NULL) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-        memcpy(copy, PyBytes_AS_STRING(rows), n);
-        *out_len = n;
-        return copy;
-    }
-    if (!PyList_Check(rows)) {
-        PyErr_SetString(PyExc_TypeError, "rows must be a list of (step_id, key, value) tuples");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(rows);
-    size_t size = 4 + 10;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = PyList_GET_ITEM(rows, i);
-        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3) {
-            PyErr_Format(PyExc_TypeError, "row %zd must be a (step_id, key, value) tuple", i);
-            return NULL;
-        }
-        PyObject *step = PyTuple_GET_ITEM(t, 0), *key = PyTuple_GET_ITEM(t, 1), *val = PyTuple_GET_ITEM(t, 2);
-        Py_ssize_t sl, kl;
-        if (!PyUnicode_Check(step) || PyUnicode_AsUTF8AndSize(step, &sl) == NULL) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "row %zd: step id must be str", i);
-            return NULL;
-        }
-        if (!PyUnicode_Check(key) || PyUnicode_AsUTF8AndSize(key, &kl) == NULL) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "row %zd: state key must be str, got %.100s", i, Py_TYPE(key)->tp_name);
-            return NULL;
-        }
-        size += 30 + (size_t)sl + (size_t)kl;
-        if (val == Py_None) continue;
-        if (!PyBytes_Check(val)) {
-            PyErr_Format(PyExc_TypeError, "row %zd: value must be bytes or None", i);
-            return NULL;
-        }
-        size += (size_t)PyBytes_GET_SIZE(val);
-    }
-    char *buf = malloc(size);
-    if (buf == NULL) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    char *p = buf;
-    memcpy(p, "MPB1", 4);
-    p += 4;
-    p = put_uvarint(p, (uint64_t)n);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *t = PyList_GET_ITEM(rows, i);
-        PyObject *val = PyTuple_GET_ITEM(t, 2);
-        Py_ssize_t sl, kl;
-        const char *s = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(t, 0), &sl);
-        const char *k = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(t, 1), &kl);
-        p = put_uvarint(p, (uint64_t)sl);
-        memcpy(p, s, (size_t)sl);
-        p += sl;
-        p = put_uvarint(p, (uint64_t)kl);
-        memcpy(p, k, (size_t)kl);
-        p += kl;
-        if (val == Py_None) {
-            p = put_uvarint(p, 0);
-            continue;
-        }
-        Py_ssize_t vl = PyBytes_GET_SIZE(val);
-        p = put_uvarint(p, (uint64_t)vl + 1);
-        memcpy(p, PyBytes_AS_STRING(val), (size_t)vl);
-        p += vl;
-    }
-    *out_len = (size_t)(p - buf);
-    return buf;
-}
-
-static PyObject *store_write(PyObject *self, PyObject *args) {
-    unsigned long long h;
-    long long epoch;
-    PyObject *rows;
-    if (!PyArg_ParseTuple(args, "KLO", &h, &epoch, &rows)) return NULL;
-    size_t len = 0;
-    char *buf = mp_pack_rows(rows, &len);
-    if (buf == NULL) return NULL;
-    long long written = 0;
-    int kind = 0;
-    char *msg = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    kind = mp_store_write(h, epoch, buf, len, &written, &kind, &msg);
-    free(buf);
-    Py_END_ALLOW_THREADS
-    if (kind) return mp_raise(kind, msg);
-    return PyLong_FromLongLong(written);
-}
-
-static PyObject *store_get(PyObject *self, PyObject *args) {
-    unsigned long long h;
-    const char *step, *key;
-    Py_ssize_t sl, kl;
-    if (!PyArg_ParseTuple(args, "Ks#s#", &h, &step, &sl, &key, &kl)) return NULL;
-    int found = 0, kind = 0;
-    long long epoch = 0;
-    char *val = NULL, *msg = NULL;
-    size_t vl = 0;
-    Py_BEGIN_ALLOW_THREADS
-    kind = mp_store_get(h, (char *)step, (size_t)sl, (char *)key, (size_t)kl, &found, &epoch, &val, &vl, &kind, &msg);
-    Py_END_ALLOW_THREADS
-    if (kind) return mp_raise(kind, msg);
-    if (found == 0) Py_RETURN_NONE;
-    if (found == 2) return Py_BuildValue("(LO)", epoch, Py_None);
-    PyObject *b = PyBytes_FromStringAndSize(val ? val : "", (Py_ssize_t)vl);
-    free(val);
-    if (b == NULL) return NULL;
-    PyObject *res = Py_BuildValue("(LN)", epoch, b);
-    return res;
-}
-
-static PyObject *store_steps(PyObject *self, PyObject *args) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    char *out = NULL;
-    size_t len = 0;
-    CALL_GO(mp_store_steps(h, &out, &len, &kind, &msg));
-    PyObject *list = PyList_New(0);
-    if (list == NULL) {
-        free(out);
-        return NULL;
-    }
-    size_t start = 0;
-    for (size_t i = 0; i < len; i++) {
-        if (out[i] != 0) continue;
-        PyObject *s = PyUnicode_DecodeUTF8(out + start, (Py_ssize_t)(i - start), "strict");
-        if (s == NULL || PyList_Append(list, s) < 0) {
-            Py_XDECREF(s);
-            Py_DECREF(list);
-            free(out);
-            return NULL;
-        }
-        Py_DECREF(s);
-        start = i + 1;
-    }
-    free(out);
-    return list;
-}
-
-static PyObject *store_meta(PyObject *self, PyObject *args) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    long long v[9] = {0};
-    CALL_GO(mp_store_meta(h, v, &kind, &msg));
-    return Py_BuildValue("{sLsLsLsLsLsLsLsLsL}", "worker_index", v[0], "worker_count", v[1],
-                         "key_group_count", v[2], "execution", v[3], "last_epoch", v[4], "gc_epoch", v[5],
-                         "rows", v[6], "deletions", v[7], "value_bytes", v[8]);
-}
-
-typedef int (*epoch_op)(uintptr_t, long long, long long *, int *, char **);
-
-static PyObject *call_epoch_op(PyObject *args, epoch_op op) {
-    unsigned long long h;
-    long long epoch;
-    if (!PyArg_ParseTuple(args, "KL", &h, &epoch)) return NULL;
-    long long n = 0;
-    CALL_GO(op(h, epoch, &n, &kind, &msg));
-    return PyLong_FromLongLong(n);
-}
-
-static PyObject *store_gc(PyObject *self, PyObject *args) { return call_epoch_op(args, (epoch_op)mp_store_gc); }
-
-static PyObject *store_delete_from(PyObject *self, PyObject *args) {
-    return call_epoch_op(args, (epoch_op)mp_store_delete_from);
-}
-
-// ---- scans ---------------------------------------------------------------
-
-static PyObject *scan_open(PyObject *self, PyObject *args) {
-    unsigned long long h;
-    const char *step;
-    int chunk;
-    if (!PyArg_ParseTuple(args, "Ksi", &h, &step, &chunk)) return NULL;
-    uintptr_t out = 0;
-    CALL_GO(mp_scan_open(h, (char *)step, chunk, &out, &kind, &msg));
-    return PyLong_FromUnsignedLongLong(out);
-}
-
-// One entry of a packed scan page (see snapfile/page.go).
-typedef struct {
-    const char *key;
-    size_t key_len;
-    const char *val;  // NULL for a deletion
-    size_t val_len;
-} mp_entry;
-
-// Reads the next entry at *p; returns 0 at a malformed entry.
-static int next_entry(const char **p, const char *end, mp_entry *e) {
-    uint64_t kl, epoch, tag;
-    const char *q = *p;
-    if ((q = mp_get_uvarint(q, end, &kl)) == NULL || kl > (uint64_t)(end - q)) return 0;
-    e->key = q;
-    e->key_len = (size_t)kl;
-    q += kl;
-    if ((q = mp_get_uvarint(q, end, &epoch)) == NULL) return 0;
-    if ((q = mp_get_uvarint(q, end, &tag)) == NULL) return 0;
-    if (tag == 0) {
-        e->val = NULL;
-        e->val_len = 0;
-    } else {
-        if (tag - 1 > (uint64_t)(end - q)) return 0;
-        e->val = q;
-        e->val_len = (size_t)(tag - 1);
-        q += tag - 1;
-    }
-    *p = q;
-    return 1;
-}
-
-static PyObject *malformed_page(void) {
-    PyErr_SetString(PyExc_RuntimeError, "millpond._core: malformed page from the Go core");
-    return NULL;
-}
-
-// Decodes a packed page into a list of (key, bytes | None) tuples.
-PyObject *mp_unpack_kv(const char *buf, size_t len) {
-    const char *p = buf, *end = buf + len;
-    uint64_t n;
-    if ((p = mp_get_uvarint(p, end, &n)) == NULL || n > len) return malformed_page();
-    PyObject *list = PyList_New((Py_ssize_t)n);
-    if (list == NULL) return NULL;
-    for (uint64_t i = 0; i < n; i++) {
-        mp_entry e;
-        if (!next_entry(&p, end, &e)) {
-            Py_DECREF(list);
-            return malformed_page();
-        }
-        PyObject *k = PyUnicode_DecodeUTF8(e.key, (Py_ssize_t)e.key_len, "surrogatepass");
-        PyObject *v = e.val ? PyBytes_FromStringAndSize(e.val, (Py_ssize_t)e.val_len) : Py_NewRef(Py_None);
-        PyObject *t = (k && v) ? PyTuple_Pack(2, k, v) : NULL;
-        Py_XDECREF(k);
-        Py_XDECREF(v);
-        if (t == NULL) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        PyList_SET_ITEM(list, (Py_ssize_t)i, t);
-    }
-    return list;
-}
-
-// Builds live objects from a packed page: for every key not in live and not
-// in skip, live[key] = builder(loads(value)). Doing this loop in C keeps a
-// restore's per-key cost to the unpickling and the builder themselves.
-static Py_ssize_t hydrate_page(const char *buf, size_t len, PyObject *live, PyObject *skip, PyObject *builder,
-                               PyObject *loads) {
-    const char *p = buf, *end = buf + len;
-    uint64_t n;
-    if ((p = mp_get_uvarint(p, end, &n)) == NULL || n > len) {
-        malformed_page();
-        return -1;
-    }
-    Py_ssize_t built = 0;
-    for (uint64_t i = 0; i < n; i++) {
-        mp_entry e;
-        if (!next_entry(&p, end, &e)) {
-            malformed_page();
-            return -1;
-        }
-        if (e.val == NULL) continue;
-        PyObject *k = PyUnicode_DecodeUTF8(e.key, (Py_ssize_t)e.key_len, "surrogatepass");
-        if (k == NULL) return -1;
-        int present = PyDict_Contains(live, k);
-        if (present == 0) present = PySet_Contains(skip, k);
-        if (present != 0) {
-            Py_DECREF(k);
-            if (present < 0) return -1;
-            continue;
-        }
-        PyObject *v = PyBytes_FromStringAndSize(e.val, (Py_ssize_t)e.val_len);
-        PyObject *state = v ? PyObject_CallOneArg(loads, v) : NULL;
-        Py_XDECREF(v);
-        PyObject *obj = state ? PyObject_CallOneArg(builder, state) : NULL;
-        Py_XDECREF(state);
-        if (obj == NULL || PyDict_SetItem(live, k, obj) < 0) {
-            Py_XDECREF(obj);
-            Py_DECREF(k);
-            return -1;
-        }
-        Py_DECREF(obj);
-        Py_DECREF(k);
-        built++;
-    }
-    return built;
-}
-
-static PyObject *scan_hydrate(PyObject *self, PyObject *args) {
-    unsigned long long h;
-    PyObject *live, *skip, *builder, *loads;
-    if (!PyArg_ParseTuple(args, "KO!O!OO", &h, &PyDict_Type, &live, &PySet_Type, &skip, &builder, &loads)) return NULL;
-    char *out = NULL;
-    size_t len = 0;
-    CALL_GO(mp_scan_next(h, &out, &len, &kind, &msg));
-    if (out == NULL) Py_RETURN_NONE;
-    Py_ssize_t built = hydrate_page(out, len, live, skip, builder, loads);
-    free(out);
-    if (built < 0) return NULL;
-    return PyLong_FromSsize_t(built);
-}
-
-static PyObject *scan_next(PyObject *self, PyObject *args) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    char *out = NULL;
-    size_t len = 0;
-    CALL_GO(mp_scan_next(h, &out, &len, &kind, &msg));
-    if (out == NULL) Py_RETURN_NONE;
-    PyObject *list = mp_unpack_kv(out, len);
-    free(out);
-    return list;
-}
-
-static PyObject *scan_close(PyObject *self, PyObject *args) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    mp_scan_close(h);
-    Py_END_ALLOW_THREADS
-    Py_RETURN_NONE;
-}
-
-// ---- module --------------------------------------------------------------
 
 static PyMethodDef methods[] = {
-    {"store_open", store_open, METH_VARARGS,
-     "store_open(dir, flow_id, worker_index, worker_count, key_group_count, execution, resume_epoch) -> handle"},
-    {"store_close", store_close, METH_VARARGS, "store_close(handle)"},
-    {"store_write", store_write, METH_VARARGS,
-     "store_write(handle, epoch, rows: list[(step_id, key, bytes | None)]) -> rows written"},
-    {"store_get", store_get, METH_VARARGS, "store_get(handle, step_id, key) -> None | (epoch, bytes | None)"},
-    {"store_steps", store_steps, METH_VARARGS, "store_steps(handle) -> list of step ids with rows"},
-    {"store_meta", store_meta, METH_VARARGS, "store_meta(handle) -> dict of metadata and row counts"},
-    {"store_gc", store_gc, METH_VARARGS, "store_gc(handle, committed_epoch) -> rows removed"},
-    {"store_delete_from", store_delete_from, METH_VARARGS, "store_delete_from(handle, epoch) -> rows removed"},
-    {"scan_open", scan_open, METH_VARARGS, "scan_open(handle, step_id, chunk_rows) -> scan handle"},
-    {"scan_next", scan_next, METH_VARARGS, "scan_next(scan) -> list[(key, bytes)] | None at the end"},
-    {"scan_close", scan_close, METH_VARARGS, "scan_close(scan)"},
-    {"scan_hydrate", scan_hydrate, METH_VARARGS,
-     "scan_hydrate(scan, live: dict, skip: set, builder, loads) -> objects built from the next page | None at the end"},
-    MP_EXTRA_METHODS
+    {"set_error_types", py_set_error_types, METH_O,
+     "set_error_types(types: dict[str, type[BaseException]]) -> None\n\n"
+     "Raise types[kind] for errors of that kind (names in ERROR_KINDS); unregistered kinds raise CoreError."},
+    // Stores (store.go, store.c)
+    {"store_open", py_store_open, METH_VARARGS,
+     "store_open(dir, flow_id, worker_index, worker_count, key_group_count, execution, resume_epoch) -> handle\n\n"
+     "Open (or create) a worker's local store on its own, taking its lock."},
+    {"store_close", py_store_close, METH_VARARGS,
+     "store_close(handle) -> None\n\nClose a store handle (a store a run owns stays open). Closing twice is fine."},
+    {"store_snapshot", py_store_snapshot, METH_VARARGS,
+     "store_snapshot(handle, epoch, dirty, live, dumps, protocol, whole) -> (rows, pack_seconds, write_seconds)\n\n"
+     "Pack every touched key (dirty: {step: {key: None}}; live: {step: {key: obj}}) into one buffer, calling\n"
+     "obj.snapshot() and dumps(state, protocol), and hand it to the core, which writes it at epoch (through the\n"
+     "run that owns the store, if any). A touched key that is not live is a deletion. On any error in packing,\n"
+     "nothing is written and the error propagates."},
+    {"store_get", py_store_get, METH_VARARGS,
+     "store_get(handle, step_id, key) -> None | (epoch, bytes | None)\n\nThe newest row of a key (None for a deletion)."},
+    {"store_steps", py_store_steps, METH_VARARGS, "store_steps(handle) -> list[str]\n\nThe step ids with rows."},
+    {"store_meta", py_store_meta, METH_VARARGS,
+     "store_meta(handle) -> dict[str, int]\n\nThe store's metadata and row counts."},
+    {"store_gc", py_store_gc, METH_VARARGS,
+     "store_gc(handle, committed_epoch) -> int\n\nRemove rows superseded at or before the epoch; return how many."},
+    // Scans (scan.go, scan.c)
+    {"scan_open", py_scan_open, METH_VARARGS,
+     "scan_open(store_handle, step_id, chunk_rows) -> handle\n\nStream the newest row of every key of a step."},
+    {"scan_next", py_scan_next, METH_VARARGS,
+     "scan_next(scan) -> list[tuple[str, bytes | None]] | None\n\nThe next page of (key, value), None at the end."},
+    {"scan_hydrate", py_scan_hydrate, METH_VARARGS,
+     "scan_hydrate(scan, live, skip, builder, loads) -> int | None\n\n"
+     "For every key of the next page not in live or skip: live[key] = builder(loads(value)); return how many,\n"
+     "None at the end."},
+    {"scan_close", py_scan_close, METH_VARARGS, "scan_close(scan) -> None"},
+    // Backups (backup.go, backup.c; report.go)
+    {"backup_open", py_backup_open, METH_VARARGS,
+     "backup_open(uri, access_key_id='', secret_access_key='', session_token='') -> handle\n\n"
+     "Open the backup a URI names (a path, file://, s3://)."},
+    {"backup_python", py_backup_python, METH_VARARGS,
+     "backup_python(obj, description) -> handle\n\nA backup whose operations call obj's list_keys/upload/download/delete."},
+    {"backup_close", py_backup_close, METH_VARARGS, "backup_close(handle) -> None"},
+    {"backup_describe", py_backup_describe, METH_VARARGS, "backup_describe(handle) -> str"},
+    {"backup_list", py_backup_list, METH_VARARGS,
+     "backup_list(handle, prefix) -> list[tuple[str, int]]\n\n(key, size) of every object under prefix, sorted."},
+    {"backup_upload", py_backup_upload, METH_VARARGS, "backup_upload(handle, local_path, key) -> None"},
+    {"backup_download", py_backup_download, METH_VARARGS,
+     "backup_download(handle, key, local_path) -> None\n\nA missing key raises the 'not_found' kind."},
+    {"backup_delete", py_backup_delete, METH_VARARGS, "backup_delete(handle, key) -> None"},
+    {"backup_check", py_backup_check, METH_VARARGS,
+     "backup_check(handle) -> None\n\nRaise if the store is not reachable or usable."},
+    {"durable_inspect", py_durable_inspect, METH_VARARGS,
+     "durable_inspect(backup_handle, flow_id, count_keys) -> dict\n\nA flow's executions, commits and objects."},
+    {"durable_verify", py_durable_verify, METH_VARARGS,
+     "durable_verify(backup_handle, flow_id) -> list[dict]\n\nEvery problem found: {'key': ..., 'problem': ...}."},
+    {"durable_flows", py_durable_flows, METH_VARARGS,
+     "durable_flows(backup_handle) -> list[str]\n\nThe flow ids with recovery data in the backup."},
+    // Recovery runs (run.go, run.c)
+    {"run_open", py_run_open, METH_VARARGS,
+     "run_open(local_dir, flow_id, worker_count, key_group_count, backup_handle, snapshot_mode, max_epochs_in_flight,\n"
+     "         retain_epochs, retain_seconds, compact_ratio, compact_min_bytes) -> handle\n\n"
+     "Read the durable state and prepare the next execution (snapshot_mode: 'batch' or 'immediate')."},
+    {"run_info", py_run_info, METH_VARARGS,
+     "run_info(handle) -> dict[str, int]\n\nexecution, resume_epoch, committed_epoch, commit_worker_count."},
+    {"run_restore", py_run_restore, METH_VARARGS,
+     "run_restore(handle, worker) -> (store_handle, dict)\n\nRestore a worker's store (fast or full resume)."},
+    {"run_progress", py_run_progress, METH_VARARGS,
+     "run_progress(handle) -> dict[str, int]\n\nRestore counters: objects and bytes done and in all, rows restored and in the objects."},
+    {"run_start", py_run_start, METH_VARARGS,
+     "run_start(handle) -> None\n\nRecord the execution and start the commit pipeline."},
+    {"run_close_epoch", py_run_close_epoch, METH_VARARGS,
+     "run_close_epoch(handle, worker, epoch, last=False) -> None\n\nHand a worker's snapshotted epoch to be committed."},
+    {"run_finish", py_run_finish, METH_VARARGS,
+     "run_finish(handle, aborted) -> None\n\nWait for closed epochs to commit, then stop background work."},
+    {"run_close", py_run_close, METH_VARARGS, "run_close(handle) -> None\n\nStop the run and close its stores."},
+    {"run_metrics", py_run_metrics, METH_VARARGS, "run_metrics(handle) -> dict\n\nCommit, upload and maintenance figures."},
+    {"run_commits", py_run_commits, METH_VARARGS,
+     "run_commits(handle) -> list[dict]\n\nThe commits since the last call (epoch, objects, rows, bytes, latency)."},
+    // The log bridge (log.go, log.c)
+    {"log_flush", py_log_flush, METH_NOARGS,
+     "log_flush() -> None\n\nWait until the Go core's queued log records reached the logger millpond.core."},
+    {"log_stop", py_log_stop, METH_NOARGS,
+     "log_stop() -> None\n\nFlush, then stop forwarding for good (at interpreter exit)."},
+    {"log_set_level", py_log_set_level, METH_VARARGS,
+     "log_set_level(level) -> None\n\nPass on records at this logging level and above."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "millpond._core",
-    "The Go core of millpond (state store, snapshots, durable recovery). Internal: use millpond.state.", -1,
-    methods,
+    "The Go core of millpond (state store, snapshots, durable recovery). Internal: millpond.state,\n"
+    "millpond.backup and millpond.engine are its users; see _core.pyi for its types.",
+    -1, methods,
 };
+
+// Reads the error kinds the Go side defines into a tuple of names.
+static PyObject *read_kinds(void) {
+    int n = 0;
+    char *names = mp_error_kinds(&n);
+    PyObject *tuple = PyTuple_New(n);
+    const char *p = names;
+    for (int i = 0; tuple != NULL && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(p);
+        if (s == NULL) {
+            Py_CLEAR(tuple);
+            break;
+        }
+        PyTuple_SET_ITEM(tuple, i, s);
+        p += strlen(p) + 1;
+    }
+    free(names);
+    if (tuple != NULL && n + 1 > MAX_KINDS) {
+        Py_CLEAR(tuple);
+        PyErr_SetString(PyExc_RuntimeError, "millpond._core: more error kinds than MAX_KINDS");
+    }
+    return tuple;
+}
+
+int mp_log_init(void);
 
 PyMODINIT_FUNC PyInit__core(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    mp_CoreError = PyErr_NewExceptionWithDoc("millpond._core.CoreError",
-                                             "An error from the Go core: args are (kind, message).", NULL, NULL);
-    if (mp_CoreError == NULL || PyModule_AddObject(m, "CoreError", mp_CoreError) < 0) {
-        Py_XDECREF(mp_CoreError);
+    PyObject *json = PyImport_ImportModule("json");
+    json_loads = json ? PyObject_GetAttrString(json, "loads") : NULL;
+    Py_XDECREF(json);
+    CoreError = PyErr_NewExceptionWithDoc("millpond._core.CoreError",
+                                          "An error of the Go core whose kind has no registered class.", NULL, NULL);
+    kind_names = read_kinds();
+    if (json_loads == NULL || CoreError == NULL || kind_names == NULL || mp_log_init() < 0 ||
+        PyModule_AddObjectRef(m, "CoreError", CoreError) < 0 ||
+        PyModule_AddObjectRef(m, "ERROR_KINDS", kind_names) < 0) {
         Py_DECREF(m);
         return NULL;
     }
-    Py_INCREF(mp_CoreError);
+    // millpond._corebridge registers the exception classes and the log's
+    // shutdown, however the module is first imported.
+    PyObject *bridge = PyImport_ImportModule("millpond._corebridge");
+    PyObject *done = bridge ? PyObject_CallMethod(bridge, "setup", "O", m) : NULL;
+    Py_XDECREF(bridge);
+    if (done == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_DECREF(done);
     return m;
 }

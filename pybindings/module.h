@@ -2,13 +2,23 @@
 #ifndef MILLPOND_MODULE_H
 #define MILLPOND_MODULE_H
 
+#define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
 
-extern PyObject *mp_CoreError;
+#include "gocalls.h"
 
+// Raise the exception registered for an error kind of the Go core with
+// msg (freed here); returns NULL.
 PyObject *mp_raise(int kind, char *msg);
+// A Python object from Go-allocated JSON or text, freed here.
+PyObject *mp_take_json(char *json);
+PyObject *mp_take_str(char *s);
+const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out);
+// Packs a store's touched keys into one malloc'd rowbatch buffer
+// (snapshot.c); NULL with an exception set on failure.
+char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObject *protocol, size_t *out_len);
 
 // CALL_GO runs a call into Go with the GIL released and returns the Go
 // error as a Python exception. It declares kind and msg, which the call
@@ -20,49 +30,45 @@ PyObject *mp_raise(int kind, char *msg);
     kind = (expr);              \
     Py_END_ALLOW_THREADS        \
     if (kind) return mp_raise(kind, msg);
-const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out);
-char *mp_pack_rows(PyObject *rows, size_t *out_len);
-PyObject *mp_unpack_kv(const char *buf, size_t len);
 
-// Methods defined in recovery.c (internal; millpond.recovery and
-// millpond.backup are their documented face).
-PyObject *mp_backup_open_py(PyObject *self, PyObject *args);
-PyObject *mp_backup_python_py(PyObject *self, PyObject *args);
-PyObject *mp_backup_close_py(PyObject *self, PyObject *args);
-PyObject *mp_backup_describe_py(PyObject *self, PyObject *args);
-PyObject *mp_backup_op_py(PyObject *self, PyObject *args);
-PyObject *mp_run_open_py(PyObject *self, PyObject *args);
-PyObject *mp_run_info_py(PyObject *self, PyObject *args);
-PyObject *mp_run_restore_py(PyObject *self, PyObject *args);
-PyObject *mp_run_progress_py(PyObject *self, PyObject *args);
-PyObject *mp_run_start_py(PyObject *self, PyObject *args);
-PyObject *mp_run_write_py(PyObject *self, PyObject *args);
-PyObject *mp_run_close_epoch_py(PyObject *self, PyObject *args);
-PyObject *mp_run_finish_py(PyObject *self, PyObject *args);
-PyObject *mp_run_close_py(PyObject *self, PyObject *args);
-PyObject *mp_run_metrics_py(PyObject *self, PyObject *args);
-PyObject *mp_durable_report_py(PyObject *self, PyObject *args);
-PyObject *mp_run_commits_py(PyObject *self, PyObject *args);
-PyObject *mp_pack_snapshot_py(PyObject *self, PyObject *args);
-
-#define MP_EXTRA_METHODS \
-    {"backup_open", mp_backup_open_py, METH_VARARGS, NULL}, \
-    {"backup_python", mp_backup_python_py, METH_VARARGS, NULL}, \
-    {"backup_close", mp_backup_close_py, METH_VARARGS, NULL}, \
-    {"backup_describe", mp_backup_describe_py, METH_VARARGS, NULL}, \
-    {"backup_op", mp_backup_op_py, METH_VARARGS, NULL}, \
-    {"run_open", mp_run_open_py, METH_VARARGS, NULL}, \
-    {"run_info", mp_run_info_py, METH_VARARGS, NULL}, \
-    {"run_restore", mp_run_restore_py, METH_VARARGS, NULL}, \
-    {"run_progress", mp_run_progress_py, METH_VARARGS, NULL}, \
-    {"run_start", mp_run_start_py, METH_VARARGS, NULL}, \
-    {"run_write", mp_run_write_py, METH_VARARGS, NULL}, \
-    {"run_close_epoch", mp_run_close_epoch_py, METH_VARARGS, NULL}, \
-    {"run_finish", mp_run_finish_py, METH_VARARGS, NULL}, \
-    {"run_close", mp_run_close_py, METH_VARARGS, NULL}, \
-    {"run_metrics", mp_run_metrics_py, METH_VARARGS, NULL}, \
-    {"durable_report", mp_durable_report_py, METH_VARARGS, NULL}, \
-    {"run_commits", mp_run_commits_py, METH_VARARGS, NULL}, \
-    {"pack_snapshot", mp_pack_snapshot_py, METH_VARARGS, NULL},
+// The module's functions, one per file of the Go side (store, scan, backup,
+// run, log); module.c lists them in its one method table.
+#define MP_METHOD(name) PyObject *py_##name(PyObject *self, PyObject *args)
+MP_METHOD(store_open);
+MP_METHOD(store_close);
+MP_METHOD(store_snapshot);
+MP_METHOD(store_get);
+MP_METHOD(store_steps);
+MP_METHOD(store_meta);
+MP_METHOD(store_gc);
+MP_METHOD(scan_open);
+MP_METHOD(scan_next);
+MP_METHOD(scan_hydrate);
+MP_METHOD(scan_close);
+MP_METHOD(backup_open);
+MP_METHOD(backup_python);
+MP_METHOD(backup_close);
+MP_METHOD(backup_describe);
+MP_METHOD(backup_list);
+MP_METHOD(backup_upload);
+MP_METHOD(backup_download);
+MP_METHOD(backup_delete);
+MP_METHOD(backup_check);
+MP_METHOD(durable_inspect);
+MP_METHOD(durable_verify);
+MP_METHOD(durable_flows);
+MP_METHOD(run_open);
+MP_METHOD(run_info);
+MP_METHOD(run_restore);
+MP_METHOD(run_progress);
+MP_METHOD(run_start);
+MP_METHOD(run_close_epoch);
+MP_METHOD(run_finish);
+MP_METHOD(run_close);
+MP_METHOD(run_metrics);
+MP_METHOD(run_commits);
+MP_METHOD(log_flush);
+MP_METHOD(log_stop);
+MP_METHOD(log_set_level);
 
 #endif

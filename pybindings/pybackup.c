@@ -1,11 +1,9 @@
 // Calls into Python backup objects from Go goroutines. Go never touches a
 // PyObject itself: it calls these functions, which take the GIL.
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "module.h"
+
 #include <stdlib.h>
 #include <string.h>
-
-#include "module.h"
 
 static char *dup_error(void) {
     PyObject *type, *value, *tb;
@@ -81,34 +79,35 @@ static int list_keys(PyObject *obj, const char *prefix, char **out, size_t *out_
     return 0;
 }
 
-int mp_pybackup_call(void *objp, int op, char *a, char *b, char **out, size_t *out_len, char **err) {
+int mp_pybackup_call(void *objp, int op, char *a, char *b, char **out, size_t *out_len, char **err, int *not_found) {
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *obj = (PyObject *)objp;
     PyObject *res = NULL;
     int rc = 0;
     *out = NULL;
     *out_len = 0;
+    *not_found = 0;
     PyObject *pathlib = NULL, *Path = NULL, *path = NULL;
-    if (op == 1 || op == 2) {
+    if (op == MP_BACKUP_UPLOAD || op == MP_BACKUP_DOWNLOAD) {
         pathlib = PyImport_ImportModule("pathlib");
         Path = pathlib ? PyObject_GetAttrString(pathlib, "Path") : NULL;
-        path = Path ? PyObject_CallFunction(Path, "s", op == 1 ? a : b) : NULL;
+        path = Path ? PyObject_CallFunction(Path, "s", op == MP_BACKUP_UPLOAD ? a : b) : NULL;
         if (path == NULL) rc = -1;
     }
     if (rc == 0) {
         switch (op) {
-            case 0:
+            case MP_BACKUP_LIST:
                 rc = list_keys(obj, a, out, out_len);
                 break;
-            case 1:
+            case MP_BACKUP_UPLOAD:
                 res = PyObject_CallMethod(obj, "upload", "Os", path, b);
                 rc = res ? 0 : -1;
                 break;
-            case 2:
+            case MP_BACKUP_DOWNLOAD:
                 res = PyObject_CallMethod(obj, "download", "sO", a, path);
                 rc = res ? 0 : -1;
                 break;
-            case 3:
+            case MP_BACKUP_DELETE:
                 res = PyObject_CallMethod(obj, "delete", "s", a);
                 rc = res ? 0 : -1;
                 break;
@@ -121,7 +120,12 @@ int mp_pybackup_call(void *objp, int op, char *a, char *b, char **out, size_t *o
     Py_XDECREF(path);
     Py_XDECREF(Path);
     Py_XDECREF(pathlib);
-    if (rc != 0) *err = dup_error();
+    if (rc != 0) {
+        // The Backup protocol says a missing key is FileNotFoundError (or
+        // KeyError): decided by the class, never by the message.
+        *not_found = PyErr_ExceptionMatches(PyExc_FileNotFoundError) || PyErr_ExceptionMatches(PyExc_KeyError);
+        *err = dup_error();
+    }
     PyGILState_Release(g);
     return rc;
 }

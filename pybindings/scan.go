@@ -56,18 +56,17 @@ func newScanner(s *localstore.Store, step string, chunk int) *scanner {
 
 //export mp_scan_open
 func mp_scan_open(h C.uintptr_t, step *C.char, chunk C.int, out *C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
-	s, err := storeOf(uintptr(h))
+	sh, err := lookup[*storeHandle](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	*out = C.uintptr_t(newHandle(newScanner(s, C.GoString(step), int(chunk))))
+	*out = C.uintptr_t(newHandle(newScanner(sh.store, C.GoString(step), int(chunk))))
 	return 0
 }
 
 // mp_scan_next returns the next page (malloc'd, snapfile's packed page
 // format: uvarint count, then per key uvarint(len) key, uvarint epoch,
-// uvarint tag, value) or *outLen ==
-// 0 with *out == NULL at the end.
+// uvarint tag, value), or *out == NULL at the end.
 //
 //export mp_scan_next
 func mp_scan_next(h C.uintptr_t, out **C.char, outLen *C.size_t, errKind *C.int, errMsg **C.char) C.int {

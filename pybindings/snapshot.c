@@ -1,14 +1,13 @@
 // Packing a snapshot straight from the state store's dicts: for every
 // touched key, call .snapshot() on its live object, pickle the result and
-// append the row to one buffer in the rowbatch format. Doing the loop in C
-// skips a tuple and a list append per row on the hot path of every epoch.
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+// append the row to one malloc'd buffer in the rowbatch format, which the
+// Go core then takes over (store.c). This is the only packer of snapshot
+// rows. Doing the loop in C skips a tuple and a list append per row on the
+// hot path of every epoch.
+#include "module.h"
+
 #include <stdlib.h>
 #include <string.h>
-
-#include "module.h"
 
 typedef struct {
     char *p;
@@ -85,13 +84,12 @@ static size_t small_pickle(PyObject *state, int protocol, char out[8]) {
     return n;
 }
 
-// pack_snapshot(dirty: dict[str, dict[str, None]], live: dict[str, dict[str, obj]],
-// dumps, protocol) -> bytes: the rowbatch of every touched key (a deletion
-// for a touched key that is not live). Any error propagates as is; the
-// caller redoes the work in Python to name the step and key.
-PyObject *mp_pack_snapshot_py(PyObject *self, PyObject *args) {
-    PyObject *dirty, *live, *dumps, *protocol;
-    if (!PyArg_ParseTuple(args, "O!O!OO", &PyDict_Type, &dirty, &PyDict_Type, &live, &dumps, &protocol)) return NULL;
+// mp_pack_snapshot(dirty: dict[str, dict[str, None]], live: dict[str,
+// dict[str, obj]], dumps, protocol) packs every touched key (a deletion
+// for a touched key that is not live) and returns the buffer and its
+// length. Any error propagates as is (NULL); the caller redoes the work in
+// Python to name the step and key.
+char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObject *protocol, size_t *out_len) {
     Py_ssize_t count = 0, pos = 0;
     PyObject *step, *keys;
     while (PyDict_Next(dirty, &pos, &step, &keys)) {
@@ -175,9 +173,8 @@ PyObject *mp_pack_snapshot_py(PyObject *self, PyObject *args) {
         }
     }
     Py_DECREF(snapshot_name);
-    PyObject *out = PyBytes_FromStringAndSize(b.p, (Py_ssize_t)b.len);
-    free(b.p);
-    return out;
+    *out_len = b.len;
+    return b.p;
 fail:
     Py_XDECREF(snapshot_name);
     free(b.p);

@@ -10,13 +10,34 @@ import (
 	"context"
 	"unsafe"
 
+	"github.com/millpond/millpond/gostore/durable"
 	"github.com/millpond/millpond/gostore/localstore"
 	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
 // The exported functions share one shape: plain C inputs, results through
-// out-parameters, and an error kind as the return value (0 on success) with
-// the message in *errMsg.
+// out-parameters, and an error kind as the return value (0 on success)
+// with the message in *errMsg.
+
+// batchWriter is what a store handle's snapshots are written to: the store
+// itself when it was opened alone, the recovery run's worker when a run
+// owns it. Both take over the batch (rowbatch.Batch).
+type batchWriter interface {
+	Write(ctx context.Context, b rowbatch.Batch) (int, error)
+}
+
+// storeHandle is what a store handle holds: the store to read, where its
+// snapshots go, and whether closing the handle closes the store.
+type storeHandle struct {
+	store  *localstore.Store
+	writer batchWriter
+	owned  bool
+}
+
+// newRunStore is the handle of a store that a run's worker owns.
+func newRunStore(w *durable.Worker) *storeHandle {
+	return &storeHandle{store: w.Store(), writer: w}
+}
 
 //export mp_store_open
 func mp_store_open(dir, flow *C.char, workerIndex, workerCount, keyGroups C.int,
@@ -30,59 +51,52 @@ func mp_store_open(dir, flow *C.char, workerIndex, workerCount, keyGroups C.int,
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	*out = C.uintptr_t(newHandle(s))
+	*out = C.uintptr_t(newHandle(&storeHandle{store: s, writer: s, owned: true}))
 	return 0
-}
-
-// storeOf resolves a store handle: a store this handle owns, or one a
-// recovery run owns.
-func storeOf(h uintptr) (*localstore.Store, error) {
-	if ref, err := lookup[*storeRef](h); err == nil {
-		return ref.s, nil
-	}
-	return lookup[*localstore.Store](h)
 }
 
 //export mp_store_close
 func mp_store_close(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
-	if _, err := lookup[*storeRef](uintptr(h)); err == nil {
-		deleteHandle(uintptr(h)) // the run closes the store itself
-		return 0
-	}
-	s, err := lookup[*localstore.Store](uintptr(h))
+	sh, err := lookup[*storeHandle](uintptr(h))
 	if err != nil {
 		return 0 // closing twice is fine
 	}
 	deleteHandle(uintptr(h))
-	return setErr(s.Close(), errKind, errMsg)
+	if !sh.owned {
+		return 0 // the run closes its stores itself
+	}
+	return setErr(sh.store.Close(), errKind, errMsg)
 }
 
-// mp_store_write decodes a packed batch (rowbatch format) and writes it at
-// epoch. The buffer is only read during the call.
+// mp_store_write takes over a packed snapshot batch (rowbatch format, in
+// memory from malloc) and writes it at epoch: to the store, or through the
+// run that owns it. The buffer is freed once the last reader of the batch
+// is done with it, which may be after the call returns; the caller must
+// not touch it again, error or not.
 //
-// decodeBatch decodes a packed batch the C side passed in; the rows alias
-// the buffer, which is only valid during the call.
-func decodeBatch(buf *C.char, n C.size_t, epoch C.longlong) ([]rowbatch.Row, error) {
+//export mp_store_write
+func mp_store_write(h C.uintptr_t, epoch C.longlong, whole C.int, buf *C.char, n C.size_t,
+	written *C.longlong, errKind *C.int, errMsg **C.char) C.int {
+	mem := rowbatch.NewMemory(func() { C.free(unsafe.Pointer(buf)) })
+	batch := rowbatch.Batch{Epoch: int64(epoch), Whole: whole != 0, Mem: mem}
+	sh, err := lookup[*storeHandle](uintptr(h))
+	if err != nil {
+		batch.Release()
+		return setErr(err, errKind, errMsg)
+	}
 	var data []byte
 	if n > 0 {
 		data = unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
 	}
-	return rowbatch.Decode(data, int64(epoch))
-}
-
-//export mp_store_write
-func mp_store_write(h C.uintptr_t, epoch C.longlong, buf *C.char, n C.size_t,
-	written *C.longlong, errKind *C.int, errMsg **C.char) C.int {
-	s, err := storeOf(uintptr(h))
-	if err != nil {
+	if batch.Rows, err = rowbatch.Decode(data, int64(epoch)); err != nil {
+		batch.Release()
 		return setErr(err, errKind, errMsg)
 	}
-	rows, err := decodeBatch(buf, n, epoch)
+	count, err := sh.writer.Write(context.Background(), batch)
 	if err != nil {
-		return setErr(err, errKind, errMsg)
-	}
-	count, err := s.Write(context.Background(), rowbatch.Batch{Epoch: int64(epoch), Rows: rows})
-	if err != nil {
+		if !sh.owned {
+			err = withKind(kindRecovery, err)
+		}
 		return setErr(err, errKind, errMsg)
 	}
 	*written = C.longlong(count)
@@ -95,11 +109,11 @@ func mp_store_write(h C.uintptr_t, epoch C.longlong, buf *C.char, n C.size_t,
 //export mp_store_get
 func mp_store_get(h C.uintptr_t, step *C.char, stepLen C.size_t, key *C.char, keyLen C.size_t,
 	found *C.int, epoch *C.longlong, val **C.char, valLen *C.size_t, errKind *C.int, errMsg **C.char) C.int {
-	s, err := storeOf(uintptr(h))
+	sh, err := lookup[*storeHandle](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	r, ok, err := s.Get(context.Background(), C.GoStringN(step, C.int(stepLen)), C.GoStringN(key, C.int(keyLen)))
+	r, ok, err := sh.store.Get(context.Background(), C.GoStringN(step, C.int(stepLen)), C.GoStringN(key, C.int(keyLen)))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -118,15 +132,16 @@ func mp_store_get(h C.uintptr_t, step *C.char, stepLen C.size_t, key *C.char, ke
 	return 0
 }
 
-// mp_store_steps returns the step ids with rows, NUL-separated, malloc'd.
+// mp_store_steps returns the step ids with rows, each NUL-terminated,
+// malloc'd.
 //
 //export mp_store_steps
 func mp_store_steps(h C.uintptr_t, out **C.char, outLen *C.size_t, errKind *C.int, errMsg **C.char) C.int {
-	s, err := storeOf(uintptr(h))
+	sh, err := lookup[*storeHandle](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	steps, err := s.Steps(context.Background())
+	steps, err := sh.store.Steps(context.Background())
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -139,51 +154,34 @@ func mp_store_steps(h C.uintptr_t, out **C.char, outLen *C.size_t, errKind *C.in
 	return 0
 }
 
-// mp_store_meta returns the store's metadata and row statistics in a fixed
-// array: worker index, worker count, key groups, execution, last epoch, gc
-// epoch, rows, deletions, value bytes.
+// mp_store_meta returns the store's metadata and row counts as JSON.
 //
 //export mp_store_meta
-func mp_store_meta(h C.uintptr_t, out *C.longlong, errKind *C.int, errMsg **C.char) C.int {
-	s, err := storeOf(uintptr(h))
+func mp_store_meta(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char) C.int {
+	sh, err := lookup[*storeHandle](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	st, err := s.Stats(context.Background())
+	st, err := sh.store.Stats(context.Background())
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	m := s.Meta()
-	vals := []int64{int64(m.WorkerIndex), int64(m.WorkerCount), int64(m.KeyGroupCount), m.Execution,
-		m.LastEpoch, m.GCEpoch, st.Rows, st.Deletions, st.ValueBytes}
-	dst := unsafe.Slice((*C.longlong)(unsafe.Pointer(out)), len(vals))
-	for i, v := range vals {
-		dst[i] = C.longlong(v)
-	}
-	return 0
+	m := sh.store.Meta()
+	return setJSON(map[string]int64{
+		"worker_index": int64(m.WorkerIndex), "worker_count": int64(m.WorkerCount),
+		"key_group_count": int64(m.KeyGroupCount), "execution": m.Execution,
+		"last_epoch": m.LastEpoch, "gc_epoch": m.GCEpoch,
+		"rows": st.Rows, "deletions": st.Deletions, "value_bytes": st.ValueBytes,
+	}, out, errKind, errMsg)
 }
 
 //export mp_store_gc
 func mp_store_gc(h C.uintptr_t, committed C.longlong, removed *C.longlong, errKind *C.int, errMsg **C.char) C.int {
-	s, err := storeOf(uintptr(h))
+	sh, err := lookup[*storeHandle](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	n, err := s.GC(context.Background(), int64(committed))
-	if err != nil {
-		return setErr(err, errKind, errMsg)
-	}
-	*removed = C.longlong(n)
-	return 0
-}
-
-//export mp_store_delete_from
-func mp_store_delete_from(h C.uintptr_t, epoch C.longlong, removed *C.longlong, errKind *C.int, errMsg **C.char) C.int {
-	s, err := storeOf(uintptr(h))
-	if err != nil {
-		return setErr(err, errKind, errMsg)
-	}
-	n, err := s.DeleteFrom(context.Background(), int64(epoch))
+	n, err := sh.store.GC(context.Background(), int64(committed))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}

@@ -181,11 +181,6 @@ def test_inspect_takes_a_python_backup_factory(backup_dir, factory_dir):
     assert out.stderr.endswith("; the flows there: totals, wc\n")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "durable.Verify (gostore/durable/inspect.go) compares the size a listing reports with the commit "
-    "record's, and a Python backup lists every size as -1: each object is reported as 'truncated or "
-    "replaced'. Needs a change in the Go core: skip the size check when the size is unknown."
-))
 def test_verify_takes_a_python_backup_factory(backup_dir, factory_dir):
     out = recovery_cli("verify", f"mybackups:make({str(backup_dir)!r})", cwd=factory_dir)
     assert (out.returncode, out.stdout, out.stderr) == (0, "totals: ok\nwc: ok\n", "")

@@ -25,12 +25,12 @@ const (
 
 // RestoreInfo says how a worker's state came back.
 type RestoreInfo struct {
-	Kind    string
-	Reason  string
-	Objects int
-	Bytes   int64
-	Rows    int64
-	Seconds float64
+	Kind    string  `json:"kind"`
+	Reason  string  `json:"reason"`
+	Objects int     `json:"objects"`
+	Bytes   int64   `json:"bytes"`
+	Rows    int64   `json:"rows"`
+	Seconds float64 `json:"seconds"`
 }
 
 // Progress counts a full resume's downloads, for progress bars. All fields
@@ -40,6 +40,9 @@ type Progress struct {
 	ObjectsDone  atomic.Int64
 	BytesTotal   atomic.Int64
 	BytesDone    atomic.Int64
+	// RowsTotal is the rows of the objects being merged (older versions
+	// included); RowsRestored, the newest rows written so far.
+	RowsTotal    atomic.Int64
 	RowsRestored atomic.Int64
 }
 
@@ -125,9 +128,17 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 			return info, fmt.Errorf("finish rebuild of worker %d: %w", w, err)
 		}
 	}
-	// Rows minus deletions: the live keys, plus older versions local GC
-	// has not collected yet (it runs in the background once the run
-	// starts, rather than holding up the resume).
+	if info.Kind == ResumeFast && store.Meta().GCEpoch < committed {
+		// The older versions that a crash left uncollected go first (the
+		// first maintenance round would collect them, beside the flow):
+		// the store then holds one row per key, so its count of rows
+		// that are not deletions is its count of keys, the figure that
+		// inspect --keys reports for the committed state.
+		if _, err := store.GC(ctx, committed); err != nil {
+			store.Close()
+			return info, fmt.Errorf("collect the local store of worker %d before resuming: %w", w, err)
+		}
+	}
 	if st, err := store.Stats(ctx); err == nil {
 		info.Rows = st.Rows - st.Deletions
 	}
@@ -150,6 +161,7 @@ func (r *Run) rebuild(ctx context.Context, w int, store *localstore.Store, info 
 			refs = append(refs, o)
 			r.progress.ObjectsTotal.Add(1)
 			r.progress.BytesTotal.Add(o.Size)
+			r.progress.RowsTotal.Add(o.Rows)
 		}
 	}
 	tmp := filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "restore")

@@ -378,7 +378,7 @@ func (r *Run) Finish(aborted bool) error {
 	}
 	if err == nil {
 		// The local store's GC is left to the next run's fast resume,
-		// which does it before it reads.
+		// which does it before it counts its keys (Restore).
 		r.finalMaintenance(context.Background())
 	}
 	return err

@@ -1,64 +1,57 @@
-"""The thin layer between millpond's Python modules and the Go extension.
+"""The set-up of the Go extension, ``millpond._core``.
 
-It imports ``millpond._core`` lazily (so modules that never touch state
-import without the extension) and turns the core's ``CoreError(kind,
-message)`` into the exception classes of :mod:`millpond.errors`.
+The extension calls :func:`setup` as it is imported, so however it is first
+imported (``from millpond import _core`` inside the functions that need it:
+loading the Go runtime only when state is used keeps a flow without
+recovery free to ``fork``), it comes up the same way: the exception class
+of each error kind the core names (``_core.ERROR_KINDS``) is registered, so
+its calls raise the classes of :mod:`millpond.errors` directly; and the Go
+core's log, which goes through a bridge to the logger ``millpond.core``, is
+stopped at exit, before the interpreter winds down.
 """
 
 from __future__ import annotations
 
-import functools
+import atexit
+import logging
 from types import ModuleType
-from typing import Any, Callable, NoReturn, TypeVar
 
 from millpond import errors
 
-# Error kinds as numbered in pybindings/errors.go; keep the two in step.
-_KIND_TO_ERROR: dict[int, type[Exception]] = {
-    1: errors.StateStoreError,
-    2: errors.StoreLockedError,
-    3: errors.ForeignStoreError,
-    4: errors.StoreLayoutError,
-    5: errors.CorruptObjectError,
-    6: errors.StateStoreError,
-    7: errors.StateStoreError,
-    8: errors.StateStoreError,
-    9: errors.BackupError,
-    10: ValueError,
-    11: errors.RecoveryError,
+__all__ = ["ERROR_TYPES", "CORE_LOGGER", "setup", "sync_log_level"]
+
+#: The exception class for each error kind of the core.
+ERROR_TYPES: dict[str, type[BaseException]] = {
+    "store": errors.StateStoreError,
+    "locked": errors.StoreLockedError,
+    "foreign": errors.ForeignStoreError,
+    "layout_changed": errors.StoreLayoutError,
+    "corrupt": errors.CorruptObjectError,
+    "malformed": errors.StateStoreError,
+    "closed": errors.StateStoreError,
+    # The Backup protocol's way of saying a key does not exist.
+    "not_found": FileNotFoundError,
+    "backup": errors.BackupError,
+    "config": ValueError,
+    "recovery": errors.RecoveryError,
 }
 
-
-@functools.lru_cache(maxsize=1)
-def core() -> ModuleType:
-    """Return the ``millpond._core`` extension, importing it on first use."""
-    try:
-        from millpond import _core
-    except ImportError as exc:  # pragma: no cover - depends on the build
-        raise ImportError(
-            "millpond's Go extension (millpond._core) is not built; run `make ext` "
-            "or reinstall with `pip install -e .`"
-        ) from exc
-    return _core
+#: The logger the Go core's records arrive at.
+CORE_LOGGER = logging.getLogger("millpond.core")
 
 
-def raise_core_error(exc: BaseException) -> NoReturn:
-    """Re-raise a ``CoreError`` as the matching millpond exception."""
-    kind, message = exc.args if len(exc.args) == 2 else (1, str(exc))
-    raise _KIND_TO_ERROR.get(kind, errors.StateStoreError)(message) from None
+def setup(core: ModuleType) -> None:
+    """Set up the extension module ``core`` (it calls this as it loads)."""
+    unknown = set(core.ERROR_KINDS) - set(ERROR_TYPES)
+    if unknown:
+        raise ImportError(f"millpond._core reports error kinds this package does not know: {sorted(unknown)}")
+    core.set_error_types(ERROR_TYPES)
+    # No goroutine may take the GIL once the interpreter winds down.
+    atexit.register(core.log_stop)
+    sync_log_level(core)
 
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def translating(fn: F) -> F:
-    """Decorate a function so core errors surface as millpond exceptions."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except core().CoreError as exc:
-            raise_core_error(exc)
-
-    return wrapper  # type: ignore[return-value]
+def sync_log_level(core: ModuleType) -> None:
+    """Tell the core which of its records ``millpond.core`` would log, so it
+    queues no others (the logger's level as it is now)."""
+    core.log_set_level(CORE_LOGGER.getEffectiveLevel())

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional, Protocol, Union, runtime_checkable
 from urllib.parse import quote, urlencode
 
-from millpond._corebridge import core, raise_core_error
+from millpond import _core
 
 __all__ = ["Backup", "DirBackup", "S3Backup", "backup_from_uri", "SUPPORTED_SCHEMES"]
 
@@ -61,45 +61,32 @@ class _CoreBackup:
     """A backup implemented in the Go core, reached through a handle."""
 
     def __init__(self, uri: str, credentials: tuple[str, str, str] = ("", "", "")) -> None:
-        try:
-            self._handle: Optional[int] = core().backup_open(uri, *credentials)
-        except core().CoreError as exc:
-            raise_core_error(exc)
+        self._handle: Optional[int] = _core.backup_open(uri, *credentials)
         self.uri = uri
-
-    def _op(self, op: int, a: str = "", b: str = "") -> object:
-        if self._handle is None:
-            raise ValueError(f"{self!r} is closed")
-        try:
-            return core().backup_op(self._handle, op, a, b)
-        except core().CoreError as exc:
-            if exc.args and exc.args[0] == 8:
-                raise FileNotFoundError(exc.args[1]) from None
-            raise_core_error(exc)
 
     def list_keys(self, prefix: str = "") -> list[str]:
         """Return the keys that start with ``prefix``, sorted."""
-        return [k for k, _ in self._op(0, prefix)]  # type: ignore[union-attr]
+        return [k for k, _ in _core.backup_list(self.core_handle(), prefix)]
 
     def list_objects(self, prefix: str = "") -> list[tuple[str, int]]:
         """Return ``(key, size_in_bytes)`` for the keys under ``prefix``."""
-        return list(self._op(0, prefix))  # type: ignore[arg-type]
+        return _core.backup_list(self.core_handle(), prefix)
 
     def upload(self, from_local: Union[str, "os.PathLike[str]"], to_key: str) -> None:
         """Store a local file under ``to_key`` (atomically)."""
-        self._op(1, os.fspath(from_local), to_key)
+        _core.backup_upload(self.core_handle(), os.fspath(from_local), to_key)
 
     def download(self, from_key: str, to_local: Union[str, "os.PathLike[str]"]) -> None:
         """Write object ``from_key`` to a local file; ``FileNotFoundError`` if missing."""
-        self._op(2, from_key, os.fspath(to_local))
+        _core.backup_download(self.core_handle(), from_key, os.fspath(to_local))
 
     def delete(self, key: str) -> None:
         """Remove ``key`` (a missing key is fine)."""
-        self._op(3, key)
+        _core.backup_delete(self.core_handle(), key)
 
     def check(self) -> None:
         """Check that the store is reachable and usable; raise ``BackupError`` if not."""
-        self._op(4)
+        _core.backup_check(self.core_handle())
 
     def core_handle(self) -> int:
         """The Go core's handle of this backup (internal)."""
@@ -111,7 +98,7 @@ class _CoreBackup:
         """Release the core's resources. Closing twice is a no-op."""
         handle, self._handle = self._handle, None
         if handle is not None:
-            core().backup_close(handle)
+            _core.backup_close(handle)
 
     def __del__(self) -> None:
         if getattr(self, "_handle", None) is not None:
@@ -203,4 +190,4 @@ def core_handle_for(backup: object) -> tuple[int, bool]:
                 f"backup {backup!r} has no {name}() method; pass a URI, DirBackup, S3Backup, "
                 "or an object with list_keys/upload/download/delete"
             )
-    return core().backup_python(backup, repr(backup)), True
+    return _core.backup_python(backup, repr(backup)), True

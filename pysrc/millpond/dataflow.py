@@ -77,8 +77,8 @@ class _Graph:
         self.flow_id = flow_id
         self.steps: List[_CoreStep] = []
         # Child ids already used in each scope (keyed by the scope's full id).
-        self.child_ids: Dict[str, set] = {}
-        self.streams: set = set()
+        self.child_ids: Dict[str, set[str]] = {}
+        self.streams: set[str] = set()
 
     def claim(self, scope_id: str, step_id: str) -> str:
         used = self.child_ids.setdefault(scope_id, set())

@@ -118,7 +118,7 @@ class StatefulShim(StatefulBatchLogic[V, W, S]):
 
     __slots__ = ("builder", "logic")
 
-    def __init__(self, builder: Callable[[Optional[S]], StatefulLogic[V, W, S]], logic: Any):
+    def __init__(self, builder: Callable[[Optional[S]], StatefulLogic[V, W, S]], logic: StatefulLogic[V, W, S]):
         self.builder = builder
         self.logic = logic
 

@@ -36,6 +36,7 @@ from typing import (
     Optional,
     Tuple,
     TypeVar,
+    cast,
 )
 
 from millpond.dataflow import Dataflow, Stream, _step_scope, operator
@@ -197,7 +198,7 @@ def redistribute(step_id: str, up: Stream[X]) -> Stream[X]:
 def inspect_debug(
     step_id: str,
     up: Stream[X],
-    inspector: Callable[[str, X, int, int], None] = None,  # type: ignore[assignment]
+    inspector: Optional[Callable[[str, X, int, int], None]] = None,
 ) -> Stream[X]:
     """Call ``inspector(step_id, item, epoch, worker_index)`` on each item and
     pass the item on. Default: print all four."""
@@ -518,7 +519,9 @@ class _StatefulMapLogic(StatefulBatchLogic[V, W, S]):
         return out, state is None
 
     def snapshot(self) -> S:
-        return self.state
+        # The state a mapper returned; None never reaches a snapshot (the
+        # key was discarded).
+        return cast(S, self.state)
 
 
 @operator
@@ -706,7 +709,7 @@ def count_final(
     def pre_count(batch: List[X]) -> List[Tuple[str, int]]:
         # Count within each batch first: one item per distinct key crosses
         # to the stateful step instead of one per input item.
-        counts: Counter = Counter()
+        counts: Counter[Any] = Counter()
         for x in batch:
             k = key(x)
             if type(k) is not str:

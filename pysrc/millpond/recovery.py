@@ -38,9 +38,8 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 if TYPE_CHECKING:  # pragma: no cover
     from typing import NoReturn
 
-from millpond._corebridge import core
 from millpond.backup import Backup, backup_from_uri
-from millpond.errors import BackupError, CorruptObjectError, RecoveryError
+from millpond.errors import BackupError, CorruptObjectError, RecoveryError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
 
 __all__ = [
@@ -245,11 +244,7 @@ def _open_target(target: str) -> Any:
         raise _BadArgument(f"BACKUP {target}: {exc}") from None
 
 
-def _report(handle: int, op: int, flow: str = "", keys: bool = False) -> Any:
-    return json.loads(core().durable_report(handle, op, flow, keys))
-
-
-def _print_inspect(r: dict) -> None:
+def _print_inspect(r: dict[str, Any]) -> None:
     print(f"flow {r['flow_id']}")
     print(f"  executions       {r['executions']}")
     print(f"  committed epoch  {r['committed_epoch']} (commit records: {len(r['commit_epochs'] or [])})")
@@ -265,6 +260,7 @@ def _print_inspect(r: dict) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from millpond import _core
     from millpond.backup import core_handle_for
 
     backup = _open_target(args.target)
@@ -273,7 +269,7 @@ def _run(args: argparse.Namespace) -> int:
     except TypeError as exc:  # pragma: no cover - backup_from_spec checked the methods
         raise _BadArgument(f"BACKUP {args.target}: {exc}") from None
     try:
-        flows = _report(handle, 2) or []
+        flows = _core.durable_flows(handle)
         if args.flow is not None:
             if args.flow not in flows:
                 there = f"the flows there: {', '.join(flows)}" if flows else "it holds no millpond recovery data"
@@ -283,7 +279,7 @@ def _run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"{_PROG}: no millpond recovery data in {args.target}\n")
             return 1
         if args.cmd == "inspect":
-            reports = [_report(handle, 0, f, args.keys) for f in flows]
+            reports = [_core.durable_inspect(handle, f, args.keys) for f in flows]
             if args.json:
                 print(json.dumps(reports, indent=2))
             else:
@@ -292,7 +288,7 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         bad = 0
         for f in flows:
-            problems = _report(handle, 1, f) or []
+            problems = _core.durable_verify(handle, f)
             for p in problems:
                 print(f"{f}: {p['key']}: {p['problem']}")
             bad += len(problems)
@@ -301,7 +297,7 @@ def _run(args: argparse.Namespace) -> int:
         return 1 if bad else 0
     finally:
         if owned:
-            core().backup_close(handle)
+            _core.backup_close(handle)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -315,15 +311,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     except _BadArgument as exc:
         sys.stderr.write(f"{_PROG}: error: {exc}\n")
         return 2
-    except core().CoreError as exc:
-        kind, message = exc.args if len(exc.args) == 2 else (1, str(exc))
+    except ValueError as exc:  # the core found the backup the argument names unusable
         logger.debug("%s failed", args.cmd, exc_info=True)
-        if kind == 10:  # a configuration error: the backup the argument names
-            sys.stderr.write(f"{_PROG}: error: BACKUP {args.target}: {message}\n")
-            return 2
-        sys.stderr.write(f"{_PROG}: error: {message}\n")
+        sys.stderr.write(f"{_PROG}: error: BACKUP {args.target}: {exc}\n")
+        return 2
+    except (RecoveryError, StateStoreError) as exc:
+        logger.debug("%s failed", args.cmd, exc_info=True)
+        sys.stderr.write(f"{_PROG}: error: {exc}\n")
         return 1
-    except (RecoveryError, OSError) as exc:
+    except OSError as exc:
         logger.debug("%s failed", args.cmd, exc_info=True)
         sys.stderr.write(f"{_PROG}: error: {type(exc).__name__}: {exc}\n")
         return 1

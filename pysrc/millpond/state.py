@@ -34,12 +34,10 @@ import gc as _pygc
 import logging
 import os
 import pickle
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Protocol, Union, runtime_checkable
+from typing import Any, Callable, Iterator, NoReturn, Optional, Protocol, Union, runtime_checkable
 
-from millpond._corebridge import core, raise_core_error
-from millpond.errors import SnapshotError, StateStoreError
+from millpond.errors import RecoveryError, SnapshotError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
 
 __all__ = ["Stateful", "Builder", "WorkerStore", "StateStore", "MemoryStateStore"]
@@ -263,32 +261,25 @@ class _LiveState:
 
     # -- snapshots ----------------------------------------------------------
 
-    def _collect(self) -> list[tuple[str, str, Optional[bytes]]]:
-        """Snapshot and pickle every touched key; deletions carry ``None``.
-
-        Raises :class:`SnapshotError` naming the step and key whose state
-        could not be snapshotted or pickled; nothing is consumed then.
-        """
-        rows: list[tuple[str, str, Optional[bytes]]] = []
-        append = rows.append
-        dumps = pickle.dumps
+    def _raise_snapshot_error(self, cause: BaseException) -> NoReturn:
+        """Raise :class:`SnapshotError` for a snapshot whose packing failed
+        (nothing was written): naming the step and key whose ``.snapshot()``
+        or pickling fails when the touched keys are tried one by one, or
+        with ``cause`` itself when none does."""
         for step_id, touched in self._dirty.items():
-            if not touched:
-                continue
             live = self._live[step_id]
-            for key in touched:
+            for key in list(touched):
                 obj = live.get(key, _MISSING)
                 if obj is _MISSING:
-                    append((step_id, key, None))
                     continue
                 try:
-                    append((step_id, key, dumps(obj.snapshot(), PICKLE_PROTOCOL)))
+                    pickle.dumps(obj.snapshot(), PICKLE_PROTOCOL)
                 except Exception as exc:
                     raise SnapshotError(
                         f"cannot snapshot state of step {step_id!r} key {key!r}: "
                         f"{type(exc).__name__}: {exc}; make .snapshot() return a picklable value"
                     ) from exc
-        return rows
+        raise SnapshotError(f"cannot snapshot the state store: {type(cause).__name__}: {cause}") from cause
 
     def _clear_dirty(self) -> None:
         for touched in self._dirty.values():
@@ -407,6 +398,7 @@ class StateStore(_LiveState):
 
     def __init__(self, handle: int, flow_id: str, worker_index: int, worker_count: int,
                  key_group_count: int, resume_epoch: Optional[int], path: Path) -> None:
+        from millpond import _core
         super().__init__()
         self._handle: Optional[int] = handle
         self.flow_id = flow_id
@@ -415,9 +407,9 @@ class StateStore(_LiveState):
         self.key_group_count = key_group_count
         self.resume_epoch = resume_epoch
         self.path = path
-        self._stored_steps: set[str] = set(self._call(core().store_steps))
-        self._write: Callable[[int, list, bool], int] = lambda epoch, rows, whole: core().store_write(handle, epoch, rows)
-        #: Seconds spent in the last snapshot: pickling (Python) and writing (Go).
+        self._stored_steps: set[str] = set(_core.store_steps(handle))
+        #: Seconds spent in the last snapshot: packing and pickling
+        #: ("python") and handing the batch to the Go core ("go").
         self.last_snapshot_timing: dict[str, float] = {"python": 0.0, "go": 0.0}
         #: Whether the last snapshot wrote every key with state (see
         #: :meth:`snapshot`).
@@ -448,6 +440,7 @@ class StateStore(_LiveState):
         flow id or worker layout and :class:`~millpond.errors.StateStoreError`
         for a missing directory.
         """
+        from millpond import _core
         if not isinstance(flow_id, str) or not flow_id or any(c in flow_id for c in "./\\\0"):
             raise ValueError(f"flow id {flow_id!r} must be a non-empty str without '.', '/' or '\\'")
         if key_group_count < 1:
@@ -461,23 +454,19 @@ class StateStore(_LiveState):
         if resume_epoch is not None and (type(resume_epoch) is not int or resume_epoch < 1):
             raise ValueError(f"resume_epoch must be at least 1 (epochs start at 1), got {resume_epoch}")
         directory = Path(local_state_dir)
-        try:
-            handle = core().store_open(
-                str(directory), flow_id, worker_index, worker_count, key_group_count,
-                execution, resume_epoch or 0,
-            )
-        except core().CoreError as exc:
-            raise_core_error(exc)
+        handle = _core.store_open(
+            str(directory), flow_id, worker_index, worker_count, key_group_count,
+            execution, resume_epoch or 0,
+        )
         path = directory / flow_id / f"worker-{worker_index:04d}" / "store.sqlite"
         return cls(handle, flow_id, worker_index, worker_count, key_group_count, resume_epoch, path)
 
     @classmethod
     def _attach(cls, handle: int, flow_id: str, worker_index: int, worker_count: int, key_group_count: int,
-                resume_epoch: Optional[int], path: Path, write: Callable[[int, list, bool], int]) -> "StateStore":
-        """Wrap a store a recovery run owns; snapshots go through ``write``."""
-        store = cls(handle, flow_id, worker_index, worker_count, key_group_count, resume_epoch, path)
-        store._write = write
-        return store
+                resume_epoch: Optional[int], path: Path) -> "StateStore":
+        """Wrap the handle of a store a recovery run owns: its snapshots go
+        through the run (the core knows which), by the same call."""
+        return cls(handle, flow_id, worker_index, worker_count, key_group_count, resume_epoch, path)
 
     def register(self, step_id: str, builder: Builder) -> None:
         super().register(step_id, builder)
@@ -497,12 +486,11 @@ class StateStore(_LiveState):
         :class:`~millpond.errors.SnapshotError` names its step and key and
         nothing of the batch is written.
         """
+        from millpond import _core
         handle = self._require_handle()
         if type(epoch) is not int or epoch < 1:
             raise ValueError(f"snapshot epoch must be an int of at least 1 (epochs start at 1), got {epoch!r}")
-        t0 = time.perf_counter()
         whole = self._make_whole(self.whole_from)
-        rows: Any
         # Each pickle.dumps allocates a pickler the cyclic collector tracks,
         # so a large snapshot would set off collections that walk the whole
         # heap, for objects that are garbage at once and in no cycle.
@@ -510,21 +498,19 @@ class StateStore(_LiveState):
         collecting = _pygc.isenabled()
         _pygc.disable()
         try:
-            # The fast path packs every row in C; on any failure the Python
-            # path below runs again to name the step and key that failed.
-            rows = core().pack_snapshot(self._dirty, self._live, pickle.dumps, PICKLE_PROTOCOL)
-        except Exception:
-            rows = self._collect()
+            written, pack_s, write_s = _core.store_snapshot(
+                handle, epoch, self._dirty, self._live, pickle.dumps, PICKLE_PROTOCOL, whole
+            )
+        except (StateStoreError, RecoveryError):
+            raise
+        except Exception as exc:
+            # Packing failed in user code (.snapshot() or pickling) and
+            # nothing was written: find the step and key to name.
+            self._raise_snapshot_error(exc)
         finally:
             if collecting:
                 _pygc.enable()
-        t1 = time.perf_counter()
-        try:
-            written = self._write(epoch, rows, whole)
-        except core().CoreError as exc:
-            raise_core_error(exc)
-        t2 = time.perf_counter()
-        self.last_snapshot_timing = {"python": t1 - t0, "go": t2 - t1}
+        self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
         # Keys written by this store stay live (they are never evicted), so
         # a miss can only be a key stored before it opened: steps first
@@ -567,6 +553,7 @@ class StateStore(_LiveState):
         read ahead, so memory stays bounded by what becomes live. Keys that
         are already live keep their live object.
         """
+        from millpond import _core
         handle = self._require_handle()
         if step_id not in self._builders:
             raise self._unknown_step(step_id)
@@ -574,11 +561,7 @@ class StateStore(_LiveState):
             return 0
         builder = self._builders[step_id]
         live = self._live[step_id]
-        c = core()
-        try:
-            scan = c.scan_open(handle, step_id, chunk_rows)
-        except c.CoreError as exc:
-            raise_core_error(exc)
+        scan = _core.scan_open(handle, step_id, chunk_rows)
         count = 0
         # The cyclic collector runs every few hundred allocations and, as
         # objects pile up, walks all of them again in its older generations:
@@ -588,38 +571,35 @@ class StateStore(_LiveState):
         _pygc.disable()
         try:
             while True:
-                try:
-                    built = c.scan_hydrate(scan, live, self._deleted[step_id], builder, pickle.loads)
-                except c.CoreError as exc:
-                    raise_core_error(exc)
+                built = _core.scan_hydrate(scan, live, self._deleted[step_id], builder, pickle.loads)
                 if built is None:
                     break
                 count += built
         finally:
             if collecting:
                 _pygc.enable()
-            c.scan_close(scan)
+            _core.scan_close(scan)
         # Every stored key is live now; misses need no lookup.
         self._maybe_stored.discard(step_id)
         return count
 
     def stats(self) -> dict[str, int]:
         """Return the store's metadata and row counts (rows, deletions, bytes, epochs)."""
-        return dict(self._call(core().store_meta))
+        from millpond import _core
+        return _core.store_meta(self._require_handle())
 
     def gc(self, committed_epoch: int) -> int:
         """Remove rows superseded at or before ``committed_epoch``; return how many."""
-        return int(self._call(core().store_gc, committed_epoch))
+        from millpond import _core
+        return _core.store_gc(self._require_handle(), committed_epoch)
 
     def close(self) -> None:
         """Close the store and release its lock. Unsnapshotted changes are lost."""
+        from millpond import _core
         handle, self._handle = self._handle, None
         super().close()
         if handle is not None:
-            try:
-                core().store_close(handle)
-            except core().CoreError as exc:
-                raise_core_error(exc)
+            _core.store_close(handle)
 
     def __del__(self) -> None:  # a forgotten store must not keep its lock
         if getattr(self, "_handle", None) is not None:
@@ -635,14 +615,9 @@ class StateStore(_LiveState):
             raise StateStoreError("StateStore is closed")
         return self._handle
 
-    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        try:
-            return fn(self._require_handle(), *args)
-        except core().CoreError as exc:
-            raise_core_error(exc)
-
     def _load(self, step_id: str, key: str) -> Any:
-        found = self._call(core().store_get, step_id, key)
+        from millpond import _core
+        found = _core.store_get(self._require_handle(), step_id, key)
         if found is None or found[1] is None:
             return _MISSING
         return pickle.loads(found[1])
@@ -652,20 +627,14 @@ class StateStore(_LiveState):
             for key, _ in page:
                 yield key
 
-    def _pages(self, handle: int, step_id: str, chunk_rows: int) -> Iterator[list[tuple[str, bytes]]]:
-        c = core()
-        try:
-            scan = c.scan_open(handle, step_id, chunk_rows)
-        except c.CoreError as exc:
-            raise_core_error(exc)
+    def _pages(self, handle: int, step_id: str, chunk_rows: int) -> Iterator[list[tuple[str, Optional[bytes]]]]:
+        from millpond import _core
+        scan = _core.scan_open(handle, step_id, chunk_rows)
         try:
             while True:
-                try:
-                    page = c.scan_next(scan)
-                except c.CoreError as exc:
-                    raise_core_error(exc)
+                page = _core.scan_next(scan)
                 if page is None:
                     return
                 yield page
         finally:
-            c.scan_close(scan)
+            _core.scan_close(scan)

@@ -6,4 +6,4 @@
 * :mod:`millpond.connectors.stdio`: ``StdOutSink`` and ``StdInSource``.
 """
 
-__all__: list = []
+__all__: list[str] = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, FrozenSet, List, Optional
 
 from millpond.dataflow import Dataflow
 from millpond.engine.clock import Clock, SystemClock
@@ -138,8 +138,8 @@ def _epoch_loop(
 ) -> int:
     all_inputs = frozenset(plan.input_indexes)
     seconds = interval.total_seconds()
-    done_inputs: frozenset = frozenset()
-    ended_steps: set = set()
+    done_inputs: FrozenSet[int] = frozenset()
+    ended_steps: set[int] = set()
     epoch = run.resume_epoch
     while True:
         for worker in workers:

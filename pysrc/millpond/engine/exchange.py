@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, List, Protocol
+from typing import Any, Deque, List, Protocol, Tuple
 
 __all__ = ["Message", "Exchange", "LocalExchange"]
 
@@ -25,7 +25,7 @@ class Message:
     step: int
     port: int
     epoch: int
-    items: list
+    items: List[Any]
 
 
 class Exchange(Protocol):
@@ -40,7 +40,7 @@ class Exchange(Protocol):
     def pending(self) -> bool:
         """True while any message sent by this process is not yet received."""
 
-    def counts(self) -> tuple:
+    def counts(self) -> Tuple[int, int]:
         """``(sent, received)`` message totals, for termination detection."""
 
 
@@ -68,5 +68,5 @@ class LocalExchange:
     def pending(self) -> bool:
         return self._sent != self._received
 
-    def counts(self) -> tuple:
+    def counts(self) -> Tuple[int, int]:
         return (self._sent, self._received)

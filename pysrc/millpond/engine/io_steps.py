@@ -211,7 +211,7 @@ class OutputRuntime(StepRuntime):
         self.sink = sink
         self.fixed = is_fixed_partitioned(sink)
         self.parts: Dict[str, Any] = {}
-        self.dirty: set = set()
+        self.dirty: set[str] = set()
         store = worker.store
         if self.fixed:
             store.register(self.step_id, Hydrated)
@@ -239,7 +239,7 @@ class OutputRuntime(StepRuntime):
                 raise self.fail(ex, what="build") from ex
             self.parts[str(worker.index)] = part
 
-    def deliver(self, port: int, items: list) -> None:
+    def deliver(self, port: int, items: List[Any]) -> None:
         if not self.fixed:
             self._write(str(self.worker.index), items)
             return
@@ -267,7 +267,7 @@ class OutputRuntime(StepRuntime):
             else:
                 self.worker.send(w, self.index, port, routed)
 
-    def on_items(self, port: int, items: list) -> None:
+    def on_items(self, port: int, items: List[Any]) -> None:
         # Fixed sinks receive (partition index, value) pairs from deliver.
         by_part: Dict[int, List[Any]] = {}
         for idx, value in items:
@@ -275,7 +275,7 @@ class OutputRuntime(StepRuntime):
         for idx, values in by_part.items():
             self._write(self.names[idx], values)
 
-    def _write(self, name: str, values: list) -> None:
+    def _write(self, name: str, values: List[Any]) -> None:
         try:
             self.parts[name].write_batch(values)
         except Exception as ex:

@@ -11,24 +11,22 @@ epoch, finish at the end. What a user configures lives in
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 import threading
 import time
 from typing import Any, Optional
 
-from millpond._corebridge import core, raise_core_error
+from millpond import _core
+from millpond._corebridge import sync_log_level
 from millpond.backup import core_handle_for
-from millpond.errors import RecoveryError
+from millpond.engine.restore_progress import RestoreProgress
+from millpond.errors import RecoveryError, StateStoreError
 from millpond.recovery import RecoveryConfig, SnapshotMode
 from millpond.state import StateStore
 
 __all__ = ["RecoveryRun", "open_recovery_run", "WHOLE_FROM"]
 
 logger = logging.getLogger("millpond")
-
-_GO_MODE = {SnapshotMode.BATCH: 0, SnapshotMode.IMMEDIATE: 1}
 
 #: In batch mode, an epoch that touched at least this share of a worker's
 #: keys snapshots the rest too: the epoch is then the worker's whole state,
@@ -41,8 +39,8 @@ WHOLE_FROM = 0.5
 class RecoveryRun:
     """One execution of a flow with recovery; the engine drives it.
 
-    Opening it reads the durable commit records, records the new execution,
-    and restores every worker's local store (fast or full resume). Use
+    Opening it reads the durable commit records, restores every worker's
+    local store (fast or full resume) and records the new execution. Use
     :func:`open_recovery_run`.
     """
 
@@ -59,64 +57,58 @@ class RecoveryRun:
         # The epoch each worker last snapshotted (snapshot_epoch).
         self._snapshotted = [0] * worker_count
         self.restores: list[dict[str, Any]] = []
-        c = core()
+        sync_log_level(_core)
         start = time.perf_counter()
         try:
-            self._handle = c.run_open(
+            self._handle = _core.run_open(
                 str(config.local_state_dir), flow_id, worker_count, config.key_group_count,
-                self._backup_handle, _GO_MODE[config.snapshot_mode], config.max_epochs_in_flight,
+                self._backup_handle, config.snapshot_mode.value, config.max_epochs_in_flight,
                 config.retain_epochs, config.retain_for.total_seconds() if config.retain_for else 0.0,
                 float(config.compact_ratio), config.compact_min_bytes,
             )
-            self.execution, self.resume_epoch, self.committed_epoch, _ = c.run_info(self._handle)
+            info = _core.run_info(self._handle)
+            self.execution: int = info["execution"]
+            self.resume_epoch: int = info["resume_epoch"]
+            self.committed_epoch: int = info["committed_epoch"]
             for w in range(worker_count):
                 self._stores.append(self._restore(w))
-            c.run_start(self._handle)
-        except c.CoreError as exc:
-            self._release()
-            raise_core_error(exc)
+            _core.run_start(self._handle)
         except BaseException:
             self._release()
             raise
         self.resume_seconds = time.perf_counter() - start
-        kinds = sorted({r["Kind"] for r in self.restores})
-        keys = sum(int(r["Rows"]) for r in self.restores)
+        kinds = sorted({str(r["kind"]) for r in self.restores})
+        keys = sum(int(r["rows"]) for r in self.restores)
         logger.info(
             "resume flow %r: %s resume, execution %d, resume epoch %d, %d keys restored on %d worker(s) in %.3f s",
             flow_id, "+".join(kinds), self.execution, self.resume_epoch, keys, worker_count, self.resume_seconds,
         )
 
     def _restore(self, w: int) -> StateStore:
-        """Restore worker ``w``, showing progress while a full resume downloads."""
-        c = core()
+        """Restore worker ``w``, showing progress while a full resume runs."""
+        handle = self._require()
         result: dict[str, Any] = {}
 
         def work() -> None:
             try:
-                result["value"] = c.run_restore(self._handle, w)
+                result["value"] = _core.run_restore(handle, w)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
                 result["error"] = exc
 
         t = threading.Thread(target=work, name=f"millpond-restore-{w}", daemon=True)
         t.start()
-        progress = _Progress(f"restore worker {w}")
+        progress = RestoreProgress(f"restore worker {w}")
         while t.is_alive():
             t.join(0.25)
-            progress.update(c.run_progress(self._handle))
-        progress.done()
+            progress.update(_core.run_progress(handle))
+        progress.done(_core.run_progress(handle))
         if "error" in result:
             raise result["error"]
-        store_handle, info_json = result["value"]
-        info = json.loads(info_json)
+        store_handle, info = result["value"]
         self.restores.append(info)
-        run_handle = self._handle
-
-        def write(epoch: int, rows: list, whole: bool = False) -> int:
-            return c.run_write(run_handle, w, epoch, rows, whole)
-
         store = StateStore._attach(
             store_handle, self.flow_id, w, self.worker_count, self.key_group_count, self.resume_epoch,
-            self.config.local_state_dir / self.flow_id / f"worker-{w:04d}" / "store.sqlite", write,
+            self.config.local_state_dir / self.flow_id / f"worker-{w:04d}" / "store.sqlite",
         )
         if not self._immediate:
             store.whole_from = WHOLE_FROM
@@ -149,47 +141,56 @@ class RecoveryRun:
         for compaction, which only bounds the growth of a run that goes on."""
         if self._snapshotted[worker_index] != epoch:
             self.snapshot_epoch(worker_index, epoch)
-        try:
-            core().run_close_epoch(self._require(), worker_index, epoch, last)
-        except core().CoreError as exc:
-            raise_core_error(exc)
+        _core.run_close_epoch(self._require(), worker_index, epoch, last)
         if logger.isEnabledFor(logging.DEBUG):
             self._log_commits()
 
     def _log_commits(self) -> None:
         """Log the commits the background pipeline made since the last call."""
-        for ev in json.loads(core().run_commits(self._require())) or []:
+        for ev in _core.run_commits(self._require()):
             logger.debug(
                 "flow %r epoch %d committed: %d rows in %d objects, %d bytes, %.3f s after its close",
                 self.flow_id, ev["epoch"], ev["rows"], ev["objects"], ev["bytes"], ev["latency_seconds"],
             )
 
     def finish(self, aborted: bool) -> None:
-        """Wait for every closed epoch to commit, then stop background work."""
+        """Wait for every closed epoch to commit, then stop background work.
+
+        ``aborted``: the run stopped early (an error, an abort, Ctrl-C);
+        an epoch not every worker closed is dropped, as a crash would."""
+        failed = True
         try:
-            core().run_finish(self._require(), aborted)
-        except core().CoreError as exc:
-            raise_core_error(exc)
+            _core.run_finish(self._require(), aborted)
+            failed = False
         finally:
             if logger.isEnabledFor(logging.DEBUG):
                 self._log_commits()
             m = self.metrics()
-            logger.info(
-                "flow %r execution %d finished: committed epoch %d, %d segments (%d bytes) uploaded, "
-                "commit latency p50 %.3f s p99 %.3f s, %.3f s waiting on back-pressure; "
-                "background: %.3f s local writes, %.3f s local GC, %d compactions in %.3f s, "
-                "%d whole-state epochs kept as compacted state",
-                self.flow_id, self.execution, m["committed_epoch"], m["segments_uploaded"], m["bytes_uploaded"],
-                m["commit_latency_p50"], m["commit_latency_p99"], m["backpressure_seconds"],
-                m["local_write_seconds"], m["local_gc_seconds"], m["compactions"], m["compaction_seconds"],
-                m.get("whole_epochs", 0),
-            )
+            if aborted or failed:
+                logger.info(
+                    "flow %r execution %d stopped early; committed epoch %d is where the next run resumes",
+                    self.flow_id, self.execution, m["committed_epoch"],
+                )
+            else:
+                logger.info(
+                    "flow %r execution %d finished: committed epoch %d, %d segments (%d bytes) uploaded, "
+                    "commit latency p50 %.3f s p99 %.3f s, %.3f s waiting on back-pressure; "
+                    "background: %.3f s local writes, %.3f s local GC, %d compactions in %.3f s, "
+                    "%d whole-state epochs kept as compacted state",
+                    self.flow_id, self.execution, m["committed_epoch"], m["segments_uploaded"],
+                    m["bytes_uploaded"], m["commit_latency_p50"], m["commit_latency_p99"],
+                    m["backpressure_seconds"], m["local_write_seconds"], m["local_gc_seconds"],
+                    m["compactions"], m["compaction_seconds"], m["whole_epochs"],
+                )
+            # What the core logged while the run went on reaches logging
+            # before the run returns.
+            _core.log_flush()
 
     def metrics(self) -> dict[str, Any]:
         """Commit and upload figures: committed epoch, bytes, latencies, waits."""
         if self._handle is None:
             return {}
-        return json.loads(core().run_metrics(self._handle))
+        return _core.run_metrics(self._handle)
 
     def close(self) -> None:
         """Close the stores and release everything. Closing twice is a no-op."""
@@ -207,12 +208,13 @@ class RecoveryRun:
         handle, self._handle = self._handle, None
         if handle is not None:
             try:
-                core().run_close(handle)
-            except core().CoreError as exc:
-                logger.warning("closing recovery run: %s", exc.args[-1])
+                _core.run_close(handle)
+            except (RecoveryError, StateStoreError) as exc:
+                logger.warning("closing recovery run: %s", exc)
         if self._owns_backup:
-            core().backup_close(self._backup_handle)
+            _core.backup_close(self._backup_handle)
             self._owns_backup = False
+        _core.log_flush()
 
     def __enter__(self) -> "RecoveryRun":
         return self
@@ -227,32 +229,3 @@ def open_recovery_run(config: RecoveryConfig, flow_id: str, worker_count: int) -
     if not isinstance(config, RecoveryConfig):
         raise TypeError(f"recovery_config must be a RecoveryConfig, got {type(config).__name__}")
     return RecoveryRun(config, flow_id, worker_count)
-
-
-class _Progress:
-    """A progress line for long restores: drawn on a terminal, logged otherwise."""
-
-    def __init__(self, label: str) -> None:
-        self.label = label
-        self.tty = sys.stderr.isatty()
-        self.last_log = time.monotonic()
-        self.shown = False
-
-    def update(self, counters: tuple) -> None:
-        done, total, bdone, btotal, rows = counters
-        if total == 0:
-            return
-        text = f"{self.label}: {done}/{total} objects, {bdone / 2**20:.1f}/{btotal / 2**20:.1f} MiB, {rows:,} rows"
-        if self.tty:
-            width = 24
-            filled = int(width * bdone / btotal) if btotal else width
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {text}")
-            sys.stderr.flush()
-            self.shown = True
-        elif time.monotonic() - self.last_log > 5:
-            logger.info(text)
-            self.last_log = time.monotonic()
-
-    def done(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")

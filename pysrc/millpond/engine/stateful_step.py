@@ -29,7 +29,7 @@ __all__ = ["StatefulBatchRuntime"]
 logger = logging.getLogger("millpond")
 
 
-class _AlwaysFalse(dict):
+class _AlwaysFalse(Dict[type, bool]):
     """Timer lookup for steps whose logic never sets timers."""
 
     def get(self, key: Any, default: Any = None) -> bool:
@@ -60,7 +60,7 @@ class StatefulBatchRuntime(StepRuntime):
 
     # -- routing --------------------------------------------------------
 
-    def deliver(self, port: int, items: list) -> None:
+    def deliver(self, port: int, items: List[Any]) -> None:
         w = self.worker
         if w.count == 1:
             self.on_items(port, items)
@@ -79,7 +79,7 @@ class StatefulBatchRuntime(StepRuntime):
             else:
                 w.send(target, self.index, port, routed)
 
-    def on_items(self, port: int, items: list) -> None:
+    def on_items(self, port: int, items: List[Any]) -> None:
         pending = self.pending
         for item in items:
             if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
@@ -132,7 +132,7 @@ class StatefulBatchRuntime(StepRuntime):
         except Exception as ex:
             raise self.fail(ex, key=key, what=what) from ex
 
-    def _run_key(self, key: str, values: list, now: datetime) -> None:
+    def _run_key(self, key: str, values: List[Any], now: datetime) -> None:
         try:
             logic = self.store.get_or_build(self.step_id, key)
         except Exception as ex:

@@ -53,11 +53,11 @@ class StepRuntime:
         err.__cause__ = ex
         return err
 
-    def deliver(self, port: int, items: list) -> None:
+    def deliver(self, port: int, items: List[Any]) -> None:
         """Items from upstream; routes them to their worker if needed."""
         self.on_items(port, items)
 
-    def on_items(self, port: int, items: list) -> None:
+    def on_items(self, port: int, items: List[Any]) -> None:
         """Items that belong on this worker."""
         raise NotImplementedError
 
@@ -86,7 +86,7 @@ class FlatMapBatchRuntime(StepRuntime):
         super().__init__(worker, step)
         self.mapper = step.params["mapper"]
 
-    def on_items(self, port: int, items: list) -> None:
+    def on_items(self, port: int, items: List[Any]) -> None:
         try:
             out = self.mapper(items)
             if type(out) is not list:
@@ -104,7 +104,7 @@ class BranchRuntime(StepRuntime):
         super().__init__(worker, step)
         self.predicate = step.params["predicate"]
 
-    def on_items(self, port: int, items: list) -> None:
+    def on_items(self, port: int, items: List[Any]) -> None:
         trues: List[Any] = []
         falses: List[Any] = []
         pred = self.predicate
@@ -132,7 +132,7 @@ class BranchRuntime(StepRuntime):
 class MergeRuntime(StepRuntime):
     """``merge``: every input port feeds the one output."""
 
-    def on_items(self, port: int, items: list) -> None:
+    def on_items(self, port: int, items: List[Any]) -> None:
         self.worker.emit(self.index, 0, items)
 
 
@@ -143,7 +143,7 @@ class RedistributeRuntime(StepRuntime):
         super().__init__(worker, step)
         self._next = worker.index  # workers start at different offsets
 
-    def deliver(self, port: int, items: list) -> None:
+    def deliver(self, port: int, items: List[Any]) -> None:
         n = self.worker.count
         if n == 1:
             self.on_items(port, items)
@@ -158,7 +158,7 @@ class RedistributeRuntime(StepRuntime):
             else:
                 self.worker.send(target, self.index, port, part)
 
-    def on_items(self, port: int, items: list) -> None:
+    def on_items(self, port: int, items: List[Any]) -> None:
         self.worker.emit(self.index, 0, items)
 
 
@@ -170,7 +170,7 @@ class InspectDebugRuntime(StepRuntime):
         self.inspector = step.params["inspector"]
         self.report_id = step.params.get("report_id", step.step_id)
 
-    def on_items(self, port: int, items: list) -> None:
+    def on_items(self, port: int, items: List[Any]) -> None:
         insp = self.inspector
         epoch = self.worker.epoch
         w = self.worker.index

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional
 
 from millpond.engine.clock import Clock
 from millpond.engine.exchange import Exchange, Message
@@ -73,7 +73,7 @@ class Worker:
         for step in plan.steps:
             self.runtimes.append(_RUNTIMES[step.kind](self, step))
         # For each step and output port, the deliver functions of its readers.
-        self._targets: List[List[List[Callable[[int, list], None]]]] = []
+        self._targets: List[List[List[Callable[[int, List[Any]], None]]]] = []
         self._ports: List[List[List[int]]] = []
         for step in plan.steps:
             self._targets.append([[self.runtimes[c].deliver for c, _ in d] for d in step.downs])
@@ -94,7 +94,7 @@ class Worker:
                 self._owner_cache[key] = w
         return w
 
-    def emit(self, step: int, port: int, items: list) -> None:
+    def emit(self, step: int, port: int, items: List[Any]) -> None:
         """Hand ``items`` produced on ``port`` of ``step`` to its readers."""
         targets = self._targets[step][port]
         ports = self._ports[step][port]
@@ -103,7 +103,7 @@ class Worker:
             # Each reader gets its own list: user mappers may mutate theirs.
             deliver(ports[i], items if i == last else list(items))
 
-    def send(self, to_worker: int, step: int, port: int, items: list) -> None:
+    def send(self, to_worker: int, step: int, port: int, items: List[Any]) -> None:
         """Queue ``items`` for ``step``'s input ``port`` on another worker."""
         self.exchange.send(to_worker, Message(step, port, self.epoch, items))
 
@@ -139,7 +139,7 @@ class Worker:
         self._activation_done()
         return did
 
-    def inputs_done(self) -> frozenset:
+    def inputs_done(self) -> FrozenSet[int]:
         """Indexes of input steps whose partitions on this worker all ended."""
         return frozenset(rt.index for rt in self.inputs if rt.done)
 

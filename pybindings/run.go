@@ -8,65 +8,58 @@ import "C"
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
 	"time"
 	"unsafe"
 
 	"github.com/millpond/millpond/gostore/durable"
-	"github.com/millpond/millpond/gostore/localstore"
-	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
-// storeRef is a handle to a store a run owns: closing the handle does not
-// close the store.
-type storeRef struct {
-	s *localstore.Store
-}
-
 //export mp_run_open
-func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uintptr_t, mode C.int,
+func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uintptr_t, mode *C.char,
 	maxInFlight, retain C.int, retainSeconds C.double, compactRatio C.double, compactMin C.longlong,
 	out *C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 	bh, err := lookup[*backupHandle](uintptr(backupH))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
+	m, err := durable.ParseSnapshotMode(C.GoString(mode))
+	if err != nil {
+		return setErr(withKind(kindConfig, err), errKind, errMsg)
+	}
 	cfg := durable.Config{
 		LocalDir: C.GoString(localDir), FlowID: C.GoString(flow),
 		WorkerCount: int(workers), KeyGroupCount: int(keyGroups), Backup: bh.b,
-		Mode: durable.SnapshotMode(mode), MaxEpochsInFlight: int(maxInFlight), RetainEpochs: int(retain),
+		Mode: m, MaxEpochsInFlight: int(maxInFlight), RetainEpochs: int(retain),
 		RetainFor:    time.Duration(float64(retainSeconds) * float64(time.Second)),
 		CompactRatio: float64(compactRatio), CompactMinBytes: int64(compactMin),
+		Logger: bridge.logger(),
 	}
 	run, err := durable.Open(context.Background(), cfg)
 	if err != nil {
-		return setErr(withKind(kindOf(err), err), errKind, errMsg)
+		return setErr(err, errKind, errMsg)
 	}
 	*out = C.uintptr_t(newHandle(run))
 	return 0
 }
 
-// mp_run_info fills execution, resume epoch, committed epoch at open, and
-// the newest commit's worker count.
+// mp_run_info returns, as JSON, the execution number, the resume epoch,
+// the committed epoch at open and the newest commit's worker count.
 //
 //export mp_run_info
-func mp_run_info(h C.uintptr_t, out *C.longlong, errKind *C.int, errMsg **C.char) C.int {
+func mp_run_info(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char) C.int {
 	run, err := lookup[*durable.Run](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
 	st := run.State()
-	vals := []int64{run.Execution(), run.ResumeEpoch(), st.Commit.Epoch, int64(st.Commit.WorkerCount)}
-	dst := unsafe.Slice((*C.longlong)(unsafe.Pointer(out)), len(vals))
-	for i, v := range vals {
-		dst[i] = C.longlong(v)
-	}
-	return 0
+	return setJSON(map[string]int64{
+		"execution": run.Execution(), "resume_epoch": run.ResumeEpoch(),
+		"committed_epoch": st.Commit.Epoch, "commit_worker_count": int64(st.Commit.WorkerCount),
+	}, out, errKind, errMsg)
 }
 
-// mp_run_restore restores worker w and returns a store handle and a JSON
-// description of the restore.
+// mp_run_restore restores worker w and returns a store handle and, as
+// JSON, how the worker's state came back (durable.RestoreInfo).
 //
 //export mp_run_restore
 func mp_run_restore(h C.uintptr_t, w C.int, store *C.uintptr_t, info **C.char, errKind *C.int, errMsg **C.char) C.int {
@@ -78,12 +71,16 @@ func mp_run_restore(h C.uintptr_t, w C.int, store *C.uintptr_t, info **C.char, e
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	b, _ := json.Marshal(ri)
-	*info = C.CString(string(b))
-	*store = C.uintptr_t(newHandle(&storeRef{s: run.Store(int(w))}))
+	if k := setJSON(ri, info, errKind, errMsg); k != 0 {
+		return k
+	}
+	*store = C.uintptr_t(newHandle(newRunStore(run.Worker(int(w)))))
 	return 0
 }
 
+// mp_run_progress fills the restore counters: objects done and in all,
+// bytes done and in all, rows restored and in the objects.
+//
 //export mp_run_progress
 func mp_run_progress(h C.uintptr_t, out *C.longlong) {
 	run, err := lookup[*durable.Run](uintptr(h))
@@ -91,7 +88,8 @@ func mp_run_progress(h C.uintptr_t, out *C.longlong) {
 		return
 	}
 	p := run.Progress()
-	vals := []int64{p.ObjectsDone.Load(), p.ObjectsTotal.Load(), p.BytesDone.Load(), p.BytesTotal.Load(), p.RowsRestored.Load()}
+	vals := []int64{p.ObjectsDone.Load(), p.ObjectsTotal.Load(), p.BytesDone.Load(), p.BytesTotal.Load(),
+		p.RowsRestored.Load(), p.RowsTotal.Load()}
 	dst := unsafe.Slice((*C.longlong)(unsafe.Pointer(out)), len(vals))
 	for i, v := range vals {
 		dst[i] = C.longlong(v)
@@ -105,32 +103,6 @@ func mp_run_start(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 		return setErr(err, errKind, errMsg)
 	}
 	return setErr(run.Start(), errKind, errMsg)
-}
-
-//export mp_run_write
-func mp_run_write(h C.uintptr_t, w C.int, epoch C.longlong, buf *C.char, n C.size_t, whole C.int,
-	written *C.longlong, errKind *C.int, errMsg **C.char) C.int {
-	run, err := lookup[*durable.Run](uintptr(h))
-	if err != nil {
-		return setErr(err, errKind, errMsg)
-	}
-	// One copy of the whole buffer, which the decoded rows then alias, is
-	// cheaper than decoding the caller's buffer and copying row by row.
-	var own []byte
-	if n > 0 {
-		own = make([]byte, int(n))
-		copy(own, unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n)))
-	}
-	rows, err := rowbatch.Decode(own, int64(epoch))
-	if err != nil {
-		return setErr(err, errKind, errMsg)
-	}
-	count, err := run.Write(context.Background(), int(w), rowbatch.Batch{Epoch: int64(epoch), Rows: rows, Whole: whole != 0})
-	if err != nil {
-		return setErr(withKind(kindRecovery, err), errKind, errMsg)
-	}
-	*written = C.longlong(count)
-	return 0
 }
 
 //export mp_run_close_epoch
@@ -164,6 +136,8 @@ func mp_run_close(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 	return setErr(run.Close(), errKind, errMsg)
 }
 
+// mp_run_metrics returns the run's commit and upload figures as JSON.
+//
 //export mp_run_metrics
 func mp_run_metrics(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char) C.int {
 	run, err := lookup[*durable.Run](uintptr(h))
@@ -171,7 +145,7 @@ func mp_run_metrics(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char
 		return setErr(err, errKind, errMsg)
 	}
 	m := run.Metrics()
-	b, _ := json.Marshal(map[string]any{
+	return setJSON(map[string]any{
 		"committed_epoch": m.CommittedEpoch, "commits": m.Commits,
 		"segments_uploaded": m.SegmentsUploaded, "bytes_uploaded": m.BytesUploaded,
 		"upload_seconds": m.UploadSeconds, "backpressure_seconds": m.BackpressureSeconds,
@@ -180,12 +154,10 @@ func mp_run_metrics(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char
 		"commit_latency_p50": durable.Percentile(m.CommitLatencies, 50),
 		"commit_latency_p99": durable.Percentile(m.CommitLatencies, 99),
 		"commit_latencies":   m.CommitLatencies,
-	})
-	*out = C.CString(string(b))
-	return 0
+	}, out, errKind, errMsg)
 }
 
-// mp_run_commits returns the commits since the last call as JSON.
+// mp_run_commits returns the commits since the last call, as JSON.
 //
 //export mp_run_commits
 func mp_run_commits(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char) C.int {
@@ -193,36 +165,9 @@ func mp_run_commits(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	b, _ := json.Marshal(run.DrainCommits())
-	*out = C.CString(string(b))
-	return 0
-}
-
-// mp_durable_report runs inspect (op 0, keys counted when withKeys), verify
-// (op 1) or lists flows (op 2) and returns JSON.
-//
-//export mp_durable_report
-func mp_durable_report(backupH C.uintptr_t, op C.int, flow *C.char, withKeys C.int, out **C.char, errKind *C.int, errMsg **C.char) C.int {
-	bh, err := lookup[*backupHandle](uintptr(backupH))
-	if err != nil {
-		return setErr(err, errKind, errMsg)
+	commits := run.DrainCommits()
+	if commits == nil {
+		commits = []durable.CommitEvent{}
 	}
-	ctx := context.Background()
-	var v any
-	switch op {
-	case 0:
-		v, err = durable.Inspect(ctx, bh.b, C.GoString(flow), withKeys != 0)
-	case 1:
-		v, err = durable.Verify(ctx, bh.b, C.GoString(flow))
-	case 2:
-		v, err = durable.Flows(ctx, bh.b)
-	default:
-		err = fmt.Errorf("unknown report %d", int(op))
-	}
-	if err != nil {
-		return setErr(withKind(kindOf(err), err), errKind, errMsg)
-	}
-	b, _ := json.Marshal(v)
-	*out = C.CString(string(b))
-	return 0
+	return setJSON(commits, out, errKind, errMsg)
 }

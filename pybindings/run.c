@@ -1,0 +1,98 @@
+// millpond._core: recovery runs (run.go).
+#include "module.h"
+
+#include <stdlib.h>
+
+#include "_cgo_export.h"
+
+MP_METHOD(run_open) {
+    const char *dir, *flow, *mode;
+    int workers, groups, inflight, retain;
+    unsigned long long bh;
+    double retain_seconds, ratio;
+    long long cmin;
+    if (!PyArg_ParseTuple(args, "ssiiKsiiddL", &dir, &flow, &workers, &groups, &bh, &mode, &inflight, &retain,
+                          &retain_seconds, &ratio, &cmin))
+        return NULL;
+    uintptr_t h = 0;
+    CALL_GO(mp_run_open((char *)dir, (char *)flow, workers, groups, bh, (char *)mode, inflight, retain, retain_seconds,
+                        ratio, cmin, &h, &kind, &msg));
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+MP_METHOD(run_info) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    char *out = NULL;
+    CALL_GO(mp_run_info(h, &out, &kind, &msg));
+    return mp_take_json(out);
+}
+
+MP_METHOD(run_restore) {
+    unsigned long long h;
+    int w;
+    if (!PyArg_ParseTuple(args, "Ki", &h, &w)) return NULL;
+    uintptr_t store = 0;
+    char *info = NULL;
+    CALL_GO(mp_run_restore(h, w, &store, &info, &kind, &msg));
+    PyObject *d = mp_take_json(info);
+    if (d == NULL) return NULL;
+    return Py_BuildValue("(KN)", (unsigned long long)store, d);
+}
+
+MP_METHOD(run_progress) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    long long v[6] = {0};
+    mp_run_progress(h, v);
+    return Py_BuildValue("{sLsLsLsLsLsL}", "objects_done", v[0], "objects_total", v[1], "bytes_done", v[2],
+                         "bytes_total", v[3], "rows_restored", v[4], "rows_total", v[5]);
+}
+
+MP_METHOD(run_start) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    CALL_GO(mp_run_start(h, &kind, &msg));
+    Py_RETURN_NONE;
+}
+
+MP_METHOD(run_close_epoch) {
+    unsigned long long h;
+    int w;
+    long long epoch;
+    int last = 0;
+    if (!PyArg_ParseTuple(args, "KiL|p", &h, &w, &epoch, &last)) return NULL;
+    CALL_GO(mp_run_close_epoch(h, w, epoch, last, &kind, &msg));
+    Py_RETURN_NONE;
+}
+
+MP_METHOD(run_finish) {
+    unsigned long long h;
+    int aborted;
+    if (!PyArg_ParseTuple(args, "Kp", &h, &aborted)) return NULL;
+    CALL_GO(mp_run_finish(h, aborted, &kind, &msg));
+    Py_RETURN_NONE;
+}
+
+MP_METHOD(run_close) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    CALL_GO(mp_run_close(h, &kind, &msg));
+    Py_RETURN_NONE;
+}
+
+MP_METHOD(run_metrics) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    char *out = NULL;
+    CALL_GO(mp_run_metrics(h, &out, &kind, &msg));
+    return mp_take_json(out);
+}
+
+MP_METHOD(run_commits) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    char *out = NULL;
+    CALL_GO(mp_run_commits(h, &out, &kind, &msg));
+    return mp_take_json(out);
+}

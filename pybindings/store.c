@@ -1,0 +1,106 @@
+// millpond._core: stores (store.go).
+#include "module.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+#include "_cgo_export.h"
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+MP_METHOD(store_open) {
+    const char *dir, *flow;
+    int wi, wc, kg;
+    long long execution, resume;
+    if (!PyArg_ParseTuple(args, "ssiiiLL", &dir, &flow, &wi, &wc, &kg, &execution, &resume)) return NULL;
+    uintptr_t h = 0;
+    CALL_GO(mp_store_open((char *)dir, (char *)flow, wi, wc, kg, execution, resume, &h, &kind, &msg));
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+MP_METHOD(store_close) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    CALL_GO(mp_store_close(h, &kind, &msg));
+    Py_RETURN_NONE;
+}
+
+// The one way a snapshot is written: packed once, here, into a buffer that
+// the Go core takes over (it frees it when its last reader is done), and
+// written through the store's handle, alone or owned by a run.
+MP_METHOD(store_snapshot) {
+    unsigned long long h;
+    long long epoch;
+    PyObject *dirty, *live, *dumps, *protocol;
+    int whole = 0;
+    if (!PyArg_ParseTuple(args, "KLO!O!OOp", &h, &epoch, &PyDict_Type, &dirty, &PyDict_Type, &live, &dumps, &protocol,
+                          &whole))
+        return NULL;
+    double t0 = now_seconds();
+    size_t len = 0;
+    char *buf = mp_pack_snapshot(dirty, live, dumps, protocol, &len);
+    if (buf == NULL) return NULL;
+    double t1 = now_seconds();
+    long long written = 0;
+    CALL_GO(mp_store_write(h, epoch, whole, buf, len, &written, &kind, &msg));
+    double t2 = now_seconds();
+    return Py_BuildValue("(Ldd)", written, t1 - t0, t2 - t1);
+}
+
+MP_METHOD(store_get) {
+    unsigned long long h;
+    const char *step, *key;
+    Py_ssize_t sl, kl;
+    if (!PyArg_ParseTuple(args, "Ks#s#", &h, &step, &sl, &key, &kl)) return NULL;
+    int found = 0;
+    long long epoch = 0;
+    char *val = NULL;
+    size_t vl = 0;
+    CALL_GO(mp_store_get(h, (char *)step, (size_t)sl, (char *)key, (size_t)kl, &found, &epoch, &val, &vl, &kind, &msg));
+    if (found == 0) Py_RETURN_NONE;
+    if (found == 2) return Py_BuildValue("(LO)", epoch, Py_None);
+    PyObject *b = PyBytes_FromStringAndSize(val ? val : "", (Py_ssize_t)vl);
+    free(val);
+    if (b == NULL) return NULL;
+    return Py_BuildValue("(LN)", epoch, b);
+}
+
+MP_METHOD(store_steps) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    char *out = NULL;
+    size_t len = 0;
+    CALL_GO(mp_store_steps(h, &out, &len, &kind, &msg));
+    PyObject *list = PyList_New(0);
+    size_t start = 0;
+    for (size_t i = 0; list != NULL && i < len; i++) {
+        if (out[i] != 0) continue;
+        PyObject *s = PyUnicode_DecodeUTF8(out + start, (Py_ssize_t)(i - start), "strict");
+        if (s == NULL || PyList_Append(list, s) < 0) Py_CLEAR(list);
+        Py_XDECREF(s);
+        start = i + 1;
+    }
+    free(out);
+    return list;
+}
+
+MP_METHOD(store_meta) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    char *out = NULL;
+    CALL_GO(mp_store_meta(h, &out, &kind, &msg));
+    return mp_take_json(out);
+}
+
+MP_METHOD(store_gc) {
+    unsigned long long h;
+    long long committed;
+    if (!PyArg_ParseTuple(args, "KL", &h, &committed)) return NULL;
+    long long removed = 0;
+    CALL_GO(mp_store_gc(h, committed, &removed, &kind, &msg));
+    return PyLong_FromLongLong(removed);
+}
