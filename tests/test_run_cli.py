@@ -31,7 +31,7 @@ from millpond.dataflow import Dataflow
 from millpond.errors import DataflowError
 
 PYSRC = str(Path(millpond.__file__).resolve().parent.parent)
-_REAL_CHECK_FLOW = run._check_flow
+_REAL_CHECK_FLOW = getattr(run, "_check_flow", None)
 
 
 # --- stand-ins for the engine and the recovery module --------------------------
@@ -79,7 +79,7 @@ def engine(monkeypatch):
 
     monkeypatch.setattr(millpond.engine, "cluster_main", cluster_main)
     # The stand-in flows have no steps; the tests of the preflight put it back.
-    monkeypatch.setattr(run, "_check_flow", lambda flow: None)
+    monkeypatch.setattr(run, "_check_flow", lambda flow: None, raising=False)
     monkeypatch.setitem(sys.modules, "millpond.recovery", recovery)
     for var in [v for _d, v, _c in run._ENV]:
         monkeypatch.delenv(var, raising=False)
@@ -621,7 +621,7 @@ def duplicate():
 
 
 def test_flow_without_output_exits_2_naming_import_str(engine, flows_pkg, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(run, "_check_flow", _REAL_CHECK_FLOW)
+    monkeypatch.setattr(run, "_check_flow", _REAL_CHECK_FLOW, raising=False)
     (tmp_path / flows_pkg / "bad.py").write_text(_FLOW_MODULE)
     assert run.main([f"{flows_pkg}.bad:no_output()"]) == 2
     err = capsys.readouterr().err
