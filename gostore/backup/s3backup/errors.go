@@ -210,19 +210,15 @@ func (b *S3Backup) endpointName() string {
 	return "AWS S3 (region " + b.region + ")"
 }
 
-// sdkLogger routes the SDK's log entries (checksum notices, IMDS
-// fallbacks, response-body warnings) to the backend's slog logger, which
-// discards them unless the caller gave one. Left alone, the SDK would write
-// them to the process's stderr as raw "SDK ... WARN" lines.
-type logFunc func(msg string, args ...any)
-
-func newSDKLogger(debug, warn logFunc) logging.Logger {
+// newSDKLogger routes the SDK's log entries (checksum notices, IMDS
+// fallbacks, response-body warnings, retry notes) to the backend's slog
+// logger at Debug level: they are the SDK's internals, and a failure that
+// matters reaches the caller as an explained error. Left alone, the SDK
+// would write them to the process's stderr as raw "SDK ... WARN" lines.
+func newSDKLogger(debug logFunc) logging.Logger {
 	return logging.LoggerFunc(func(c logging.Classification, format string, v ...any) {
-		msg := fmt.Sprintf(format, v...)
-		if c == logging.Warn {
-			warn("aws sdk: "+msg, "sdk", "aws")
-			return
-		}
-		debug("aws sdk: "+msg, "sdk", "aws")
+		debug("aws sdk: " + strings.ToLower(string(c)) + ": " + fmt.Sprintf(format, v...))
 	})
 }
+
+type logFunc func(msg string, args ...any)

@@ -84,9 +84,9 @@ type Options struct {
 	MaxBackoff time.Duration
 	// HTTPClient overrides the SDK's HTTP client (tests, proxies).
 	HTTPClient *http.Client
-	// Logger receives debug logs of operations and the AWS SDK's own log
-	// entries (its warnings at Warn, the rest at Debug); nil discards them.
-	// Nothing is ever written to stderr directly.
+	// Logger receives debug logs of operations and, at Debug level too,
+	// the AWS SDK's own log entries; nil discards them. Nothing is ever
+	// written to stderr directly.
 	Logger *slog.Logger
 }
 
@@ -144,7 +144,7 @@ func New(ctx context.Context, opts Options) (*S3Backup, error) {
 	}
 
 	loadOpts := []func(*config.LoadOptions) error{
-		config.WithLogger(newSDKLogger(logger.Debug, logger.Warn)),
+		config.WithLogger(newSDKLogger(logger.Debug)),
 		config.WithRetryer(func() aws.Retryer {
 			return retry.NewStandard(func(o *retry.StandardOptions) {
 				o.MaxAttempts = opts.MaxAttempts
