@@ -36,7 +36,9 @@ func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uin
 	}
 	run, err := durable.Open(context.Background(), cfg)
 	if err != nil {
-		return setErr(err, errKind, errMsg)
+		// What is wrong with a flow's recovery data or settings (another
+		// key-group count, say) is a recovery error, unless more specific.
+		return setErr(withKind(kindRecovery, err), errKind, errMsg)
 	}
 	*out = C.uintptr_t(newHandle(run))
 	return 0

@@ -288,3 +288,29 @@ def test_join_rejects_unknown_modes():
         op.join("j", s, s, insert_mode="all")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="emit_mode"):
         op.join("j2", s, s, emit_mode="never")  # type: ignore[arg-type]
+
+
+def test_a_duck_typed_logic_without_the_optional_methods_runs():
+    # Not a StatefulBatchLogic subclass, and without notify_at, on_notify
+    # or on_eof: it behaves as if it had the defaults.
+    class Bare:
+        def __init__(self, state):
+            self.n = state or 0
+
+        def on_batch(self, values):
+            self.n += len(values)
+            return [self.n], False
+
+        def snapshot(self):
+            return self.n
+
+    from millpond.dataflow import Dataflow
+    import millpond.operators as op
+    from millpond.testing import TestingSink, TestingSource, run_main
+
+    flow = Dataflow("bare")
+    out: list = []
+    keyed = op.key_on("k", op.input("in", flow, TestingSource(["a", "b", "a"])), lambda x: x)
+    op.output("out", op.stateful_batch("s", keyed, Bare), TestingSink(out))
+    run_main(flow)
+    assert out == [("a", 1), ("b", 1), ("a", 2)]

@@ -988,3 +988,52 @@ def test_example_polling_prints_the_requested_samples(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert len(lines) == 3 and all(" load=" in line for line in lines)
+
+
+_UNPICKLABLE = '''
+import millpond.operators as op
+from millpond.connectors.stdio import StdOutSink
+from millpond.dataflow import Dataflow
+from millpond.testing import TestingSource
+
+
+class Holder:
+    def __init__(self, state):
+        self.n = state or 0
+
+    def on_batch(self, values):
+        return values, False
+
+    def snapshot(self):
+        {snapshot}
+
+
+def get_flow():
+    flow = Dataflow("unpicklable")
+    keyed = op.key_on("key", op.input("in", flow, TestingSource(["a", "b"])), lambda x: x)
+    op.output("out", op.stateful_batch("hold", keyed, Holder), StdOutSink())
+    return flow
+'''
+
+
+@pytest.mark.parametrize(
+    "snapshot, raised_at",
+    [
+        ("return lambda: None  # not picklable", False),
+        ("raise ValueError('no snapshot today')", True),
+    ],
+    ids=["unpicklable", "snapshot raises"],
+)
+def test_subprocess_a_snapshot_error_is_printed_once(tmp_path, snapshot, raised_at):
+    (tmp_path / "unpick.py").write_text(_UNPICKLABLE.replace("{snapshot}", snapshot))
+    out = _run_cli(["unpick:get_flow()", "-d", "state"], tmp_path)
+    assert out.returncode == 1
+    errors = [line for line in out.stderr.splitlines() if not line[:4].isdigit()]  # log lines start with a date
+    assert errors[0].startswith("python -m millpond.run: the dataflow failed: error on worker 0 at the close of epoch 1: "
+                                "cannot snapshot state of step 'unpicklable.hold' key 'a': ")
+    assert out.stderr.count("cannot snapshot") == 1, out.stderr
+    if raised_at:
+        assert errors[1:] == [errors[1]] and errors[1].startswith("  raised at ") and "unpick.py:16 in snapshot" in errors[1]
+    else:
+        assert errors[1:] == []
+    assert " finished: " not in out.stderr

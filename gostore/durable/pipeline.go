@@ -206,5 +206,5 @@ func (r *Run) retry(what, key string, op func() error) error {
 	if r.ctx.Err() != nil {
 		return err
 	}
-	return fmt.Errorf("%w: gave up after %d attempts: %w", ErrBackup, r.cfg.UploadAttempts, err)
+	return backupFailed(fmt.Errorf("gave up after %d attempts: %w", r.cfg.UploadAttempts, err))
 }

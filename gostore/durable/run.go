@@ -198,7 +198,7 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 	}
 	if c, ok := cfg.Backup.(backup.Checker); ok {
 		if err := c.Check(ctx); err != nil {
-			return nil, fmt.Errorf("open recovery for flow %q: %w: backup %s is not usable: %w", cfg.FlowID, ErrBackup, cfg.Backup, err)
+			return nil, backupFailed(fmt.Errorf("open recovery for flow %q: backup %s is not usable: %w", cfg.FlowID, cfg.Backup, err))
 		}
 	}
 	st, err := ReadState(ctx, cfg.Backup, cfg.FlowID)

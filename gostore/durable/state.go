@@ -12,9 +12,19 @@ import (
 	"github.com/millpond/millpond/gostore/backup"
 )
 
-// ErrBackup is wrapped when the backup itself fails (unreachable, denied,
-// an I/O error), as opposed to holding bad data.
+// ErrBackup is matched (errors.Is) by errors of the backup itself
+// (unreachable, denied, an I/O error), as opposed to bad data in it. It
+// adds no words to their messages, which say what failed already.
 var ErrBackup = errors.New("backup failed")
+
+// backupFailed marks err as a failure of the backup itself (ErrBackup).
+func backupFailed(err error) error { return backupError{err} }
+
+type backupError struct{ err error }
+
+func (e backupError) Error() string        { return e.err.Error() }
+func (e backupError) Unwrap() error        { return e.err }
+func (e backupError) Is(target error) bool { return target == ErrBackup }
 
 // State is what the durable store alone says about a flow: where a new
 // execution resumes and which objects hold the state there.
@@ -41,7 +51,7 @@ func ReadState(ctx context.Context, b backup.Backup, flow string) (State, error)
 	st := State{FlowID: flow, LastExecution: -1}
 	commits, err := b.List(ctx, flowPrefix(flow)+commitsDir)
 	if err != nil {
-		return st, fmt.Errorf("%w: list commit records of flow %q in %s: %w", ErrBackup, flow, b, err)
+		return st, backupFailed(fmt.Errorf("list commit records of flow %q in %s: %w", flow, b, err))
 	}
 	for _, o := range commits {
 		if e, ok := numberAfter(o.Key, commitsDir); ok {
@@ -58,7 +68,7 @@ func ReadState(ctx context.Context, b backup.Backup, flow string) (State, error)
 	}
 	execs, err := b.List(ctx, flowPrefix(flow)+executionsDir)
 	if err != nil {
-		return st, fmt.Errorf("%w: list execution records of flow %q in %s: %w", ErrBackup, flow, b, err)
+		return st, backupFailed(fmt.Errorf("list execution records of flow %q in %s: %w", flow, b, err))
 	}
 	for _, o := range execs {
 		if x, ok := numberAfter(o.Key, executionsDir); ok && x > st.LastExecution {
@@ -96,7 +106,7 @@ func downloadBytes(ctx context.Context, b backup.Backup, key string) ([]byte, er
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "obj")
 	if err := b.Download(ctx, key, path); err != nil {
-		return nil, fmt.Errorf("%w: download %s from %s: %w", ErrBackup, key, b, err)
+		return nil, backupFailed(fmt.Errorf("download %s from %s: %w", key, b, err))
 	}
 	return os.ReadFile(path)
 }
@@ -113,7 +123,7 @@ func uploadBytes(ctx context.Context, b backup.Backup, key string, data []byte) 
 		return err
 	}
 	if err := b.Upload(ctx, path, key); err != nil {
-		return fmt.Errorf("%w: upload %s to %s: %w", ErrBackup, key, b, err)
+		return backupFailed(fmt.Errorf("upload %s to %s: %w", key, b, err))
 	}
 	return nil
 }

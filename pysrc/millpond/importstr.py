@@ -32,6 +32,7 @@ __all__ = [
     "is_backup_spec_factory",
     "headline",
     "location",
+    "user_location",
     "summarize",
 ]
 
@@ -111,12 +112,28 @@ def location(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""
-    def ours(frame: traceback.FrameSummary) -> bool:
-        name = frame.filename
-        return name.startswith("<frozen ") or os.path.abspath(name).startswith(_PACKAGE_DIR)
-
-    chosen = next((f for f in reversed(frames) if not ours(f)), frames[-1])
+    chosen = next((f for f in reversed(frames) if not _ours(f)), frames[-1])
     return f"{chosen.filename}:{chosen.lineno} in {chosen.name}"
+
+
+def user_location(exc: BaseException) -> str:
+    """``file:line in function`` of the innermost frame of the user's code
+    where ``exc`` or one of its causes was raised, or ``""`` when millpond
+    (or Python itself) raised them all."""
+    seen: set[int] = set()
+    cur: Optional[BaseException] = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        frames = [f for f in traceback.extract_tb(cur.__traceback__) if not _ours(f)]
+        if frames:
+            return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}"
+        cur = cur.__cause__
+    return ""
+
+
+def _ours(frame: traceback.FrameSummary) -> bool:
+    name = frame.filename
+    return name.startswith("<frozen ") or os.path.abspath(name).startswith(_PACKAGE_DIR)
 
 
 def summarize(exc: BaseException) -> str:

@@ -154,16 +154,16 @@ def logic_class(logic: Any) -> type:
 
 def sets_timers(cls: type) -> bool:
     """Whether logic class ``cls`` overrides ``notify_at``: one that does
-    not never sets a timer, so a resumed run need not build every key just
-    to ask it."""
-    return cls.notify_at not in _DEFAULT_NOTIFY_AT  # type: ignore[attr-defined]
+    not (or a duck-typed class without it) never sets a timer, so a resumed
+    run need not build every key just to ask it."""
+    return getattr(cls, "notify_at", None) not in (None, *_DEFAULT_NOTIFY_AT)
 
 
 def keeps_default_eof(cls: type) -> bool:
-    """Whether logic class ``cls`` keeps the default ``on_eof``, which emits
-    nothing and keeps the state: calling it would only mark the key touched
-    and snapshot it again, unchanged."""
-    return cls.on_eof in _DEFAULT_ON_EOF  # type: ignore[attr-defined]
+    """Whether logic class ``cls`` keeps the default ``on_eof`` (or, duck
+    typed, has none), which emits nothing and keeps the state: calling it
+    would only mark the key touched and snapshot it again, unchanged."""
+    return getattr(cls, "on_eof", None) in (None, *_DEFAULT_ON_EOF)
 
 
 _DEFAULT_NOTIFY_AT = (StatefulBatchLogic.notify_at, StatefulLogic.notify_at)

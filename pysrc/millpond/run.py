@@ -57,8 +57,8 @@ from millpond.importstr import (
     headline,
     is_backup_spec_factory,
     locate_dataflow,
-    location,
     summarize,
+    user_location,
 )
 
 __all__ = ["cli_main", "locate_dataflow", "parse_addresses", "main", "ImportStringError"]
@@ -539,9 +539,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cause = ex.__cause__
         if cause is not None:
             # The engine's message usually quotes the cause already; then
-            # where it was raised is the one thing left to add.
-            if headline(cause) in str(ex) and location(cause):
-                lines.append(f"  raised at {location(cause)}")
+            # where the user's code raised it is the one thing left to add
+            # (nothing, when millpond raised it: a snapshot that cannot be
+            # pickled, say).
+            if headline(cause) in str(ex) or str(cause) in str(ex):
+                where = user_location(cause)
+                if where:
+                    lines.append(f"  raised at {where}")
             else:
                 lines.append(f"  caused by {summarize(cause)}")
         sys.stderr.write("\n".join(lines) + "\n")

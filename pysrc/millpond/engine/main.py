@@ -65,7 +65,7 @@ def cluster_main(
     if len(addrs) > 1:
         raise ValueError(
             f"multi-process clusters are not supported yet ({len(addrs)} addresses given); "
-            "run one process with worker_count_per_proc=N instead"
+            "run one process with more workers instead (-w N on the command line, worker_count_per_proc=N here)"
         )
     if proc_id != 0:
         raise ValueError(f"proc_id must be 0 for a one-process cluster; got {proc_id!r}")
