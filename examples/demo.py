@@ -56,7 +56,7 @@ FLOW_ID = "wordcount"
 
 RESUME_RE = re.compile(
     r"resume flow '(?P<flow>[^']*)': (?P<kind>\S+) resume, execution (?P<execution>\d+), "
-    r"resume epoch (?P<epoch>\d+), (?P<keys>\d+) keys restored on (?P<workers>\d+) worker\(s\) "
+    r"resume epoch (?P<epoch>\d+), (?P<count>\d+) (?P<what>keys|stored rows) restored.*? on (?P<workers>\d+) worker\(s\) "
     r"in (?P<seconds>[\d.]+) s"
 )
 
@@ -345,7 +345,7 @@ def demo(workdir: Path, args: argparse.Namespace, rng: random.Random, kill_seed:
     print(
         f"4. restarted: {match['kind']} resume of execution {match['execution']} from epoch {resume_epoch} "
         f"(after committed epoch {resume_epoch - 1}) in {float(match['seconds']) * 1000:.1f} ms "
-        f"({int(match['keys']):,} stored rows); run finished in {resumed_seconds:.2f} s"
+        f"({int(match['count']):,} {match['what']}); run finished in {resumed_seconds:.2f} s"
     )
     if resume_epoch != newest + 1:
         raise DemoError(f"resumed from epoch {resume_epoch}, but the newest commit before the restart was {newest}")

@@ -90,12 +90,7 @@ MP_METHOD(backup_delete) {
     Py_RETURN_NONE;
 }
 
-MP_METHOD(backup_check) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    CALL_GO(mp_backup_check(h, &kind, &msg));
-    Py_RETURN_NONE;
-}
+MP_METHOD(backup_check) { return mp_call_handle(args, mp_backup_check); }
 
 MP_METHOD(durable_inspect) {
     unsigned long long h;
@@ -116,10 +111,4 @@ MP_METHOD(durable_verify) {
     return mp_take_json(out);
 }
 
-MP_METHOD(durable_flows) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    char *out = NULL;
-    CALL_GO(mp_durable_flows(h, &out, &kind, &msg));
-    return mp_take_json(out);
-}
+MP_METHOD(durable_flows) { return mp_call_handle_json(args, mp_durable_flows); }

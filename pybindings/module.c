@@ -44,6 +44,21 @@ PyObject *mp_take_str(char *s) {
     return o;
 }
 
+PyObject *mp_call_handle(PyObject *args, mp_handle_fn fn) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    CALL_GO(fn(h, &kind, &msg));
+    Py_RETURN_NONE;
+}
+
+PyObject *mp_call_handle_json(PyObject *args, mp_handle_json_fn fn) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    char *out = NULL;
+    CALL_GO(fn(h, &out, &kind, &msg));
+    return mp_take_json(out);
+}
+
 const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out) {
     uint64_t v = 0;
     int shift = 0;
@@ -179,10 +194,8 @@ static struct PyModuleDef module = {
     -1, methods,
 };
 
-// Reads the error kinds the Go side defines into a tuple of names.
-static PyObject *read_kinds(void) {
-    int n = 0;
-    char *names = mp_error_kinds(&n);
+// Reads n NUL-terminated names the Go side lists (malloc'd) into a tuple.
+static PyObject *read_names(char *names, int n) {
     PyObject *tuple = PyTuple_New(n);
     const char *p = names;
     for (int i = 0; tuple != NULL && i < n; i++) {
@@ -195,10 +208,6 @@ static PyObject *read_kinds(void) {
         p += strlen(p) + 1;
     }
     free(names);
-    if (tuple != NULL && n + 1 > MAX_KINDS) {
-        Py_CLEAR(tuple);
-        PyErr_SetString(PyExc_RuntimeError, "millpond._core: more error kinds than MAX_KINDS");
-    }
     return tuple;
 }
 
@@ -212,10 +221,18 @@ PyMODINIT_FUNC PyInit__core(void) {
     Py_XDECREF(json);
     CoreError = PyErr_NewExceptionWithDoc("millpond._core.CoreError",
                                           "An error of the Go core whose kind has no registered class.", NULL, NULL);
-    kind_names = read_kinds();
-    if (json_loads == NULL || CoreError == NULL || kind_names == NULL || mp_log_init() < 0 ||
-        PyModule_AddObjectRef(m, "CoreError", CoreError) < 0 ||
-        PyModule_AddObjectRef(m, "ERROR_KINDS", kind_names) < 0) {
+    int n_kinds = 0, n_modes = 0;
+    char *kinds = mp_error_kinds(&n_kinds);
+    kind_names = n_kinds < MAX_KINDS ? read_names(kinds, n_kinds) : (free(kinds), (PyObject *)NULL);
+    char *modes = mp_snapshot_modes(&n_modes);
+    PyObject *mode_names = read_names(modes, n_modes);
+    int bad = json_loads == NULL || CoreError == NULL || kind_names == NULL || mode_names == NULL ||
+              mp_log_init() < 0 || PyModule_AddObjectRef(m, "CoreError", CoreError) < 0 ||
+              PyModule_AddObjectRef(m, "ERROR_KINDS", kind_names) < 0 ||
+              PyModule_AddObjectRef(m, "SNAPSHOT_MODES", mode_names) < 0;
+    Py_XDECREF(mode_names);
+    if (bad) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ImportError, "millpond._core failed to initialize");
         Py_DECREF(m);
         return NULL;
     }

@@ -16,6 +16,12 @@ PyObject *mp_raise(int kind, char *msg);
 PyObject *mp_take_json(char *json);
 PyObject *mp_take_str(char *s);
 const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out);
+// The shapes most calls share: fn(handle) with no result, and fn(handle)
+// returning a record as JSON. args holds the one handle.
+typedef int (*mp_handle_fn)(uintptr_t, int *, char **);
+typedef int (*mp_handle_json_fn)(uintptr_t, char **, int *, char **);
+PyObject *mp_call_handle(PyObject *args, mp_handle_fn fn);
+PyObject *mp_call_handle_json(PyObject *args, mp_handle_json_fn fn);
 // Packs a store's touched keys into one malloc'd rowbatch buffer
 // (snapshot.c); NULL with an exception set on failure.
 char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObject *protocol, size_t *out_len);

@@ -20,13 +20,7 @@ MP_METHOD(run_open) {
     return PyLong_FromUnsignedLongLong(h);
 }
 
-MP_METHOD(run_info) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    char *out = NULL;
-    CALL_GO(mp_run_info(h, &out, &kind, &msg));
-    return mp_take_json(out);
-}
+MP_METHOD(run_info) { return mp_call_handle_json(args, mp_run_info); }
 
 MP_METHOD(run_restore) {
     unsigned long long h;
@@ -49,12 +43,7 @@ MP_METHOD(run_progress) {
                          "bytes_total", v[3], "rows_restored", v[4], "rows_total", v[5]);
 }
 
-MP_METHOD(run_start) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    CALL_GO(mp_run_start(h, &kind, &msg));
-    Py_RETURN_NONE;
-}
+MP_METHOD(run_start) { return mp_call_handle(args, mp_run_start); }
 
 MP_METHOD(run_close_epoch) {
     unsigned long long h;
@@ -74,25 +63,8 @@ MP_METHOD(run_finish) {
     Py_RETURN_NONE;
 }
 
-MP_METHOD(run_close) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    CALL_GO(mp_run_close(h, &kind, &msg));
-    Py_RETURN_NONE;
-}
+MP_METHOD(run_close) { return mp_call_handle(args, mp_run_close); }
 
-MP_METHOD(run_metrics) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    char *out = NULL;
-    CALL_GO(mp_run_metrics(h, &out, &kind, &msg));
-    return mp_take_json(out);
-}
+MP_METHOD(run_metrics) { return mp_call_handle_json(args, mp_run_metrics); }
 
-MP_METHOD(run_commits) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    char *out = NULL;
-    CALL_GO(mp_run_commits(h, &out, &kind, &msg));
-    return mp_take_json(out);
-}
+MP_METHOD(run_commits) { return mp_call_handle_json(args, mp_run_commits); }

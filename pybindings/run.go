@@ -8,11 +8,25 @@ import "C"
 
 import (
 	"context"
+	"strings"
 	"time"
 	"unsafe"
 
 	"github.com/millpond/millpond/gostore/durable"
 )
+
+// mp_snapshot_modes returns the snapshot modes' names, each NUL-terminated
+// (malloc'd), read at import as _core.SNAPSHOT_MODES.
+//
+//export mp_snapshot_modes
+func mp_snapshot_modes(n *C.int) *C.char {
+	var names []string
+	for _, m := range durable.SnapshotModes() {
+		names = append(names, m.String()+"\x00")
+	}
+	*n = C.int(len(names))
+	return C.CString(strings.Join(names, ""))
+}
 
 //export mp_run_open
 func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uintptr_t, mode *C.char,

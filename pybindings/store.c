@@ -22,12 +22,7 @@ MP_METHOD(store_open) {
     return PyLong_FromUnsignedLongLong(h);
 }
 
-MP_METHOD(store_close) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    CALL_GO(mp_store_close(h, &kind, &msg));
-    Py_RETURN_NONE;
-}
+MP_METHOD(store_close) { return mp_call_handle(args, mp_store_close); }
 
 // The one way a snapshot is written: packed once, here, into a buffer that
 // the Go core takes over (it frees it when its last reader is done), and
@@ -88,13 +83,7 @@ MP_METHOD(store_steps) {
     return list;
 }
 
-MP_METHOD(store_meta) {
-    unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
-    char *out = NULL;
-    CALL_GO(mp_store_meta(h, &out, &kind, &msg));
-    return mp_take_json(out);
-}
+MP_METHOD(store_meta) { return mp_call_handle_json(args, mp_store_meta); }
 
 MP_METHOD(store_gc) {
     unsigned long long h;

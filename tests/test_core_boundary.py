@@ -146,3 +146,9 @@ def test_not_found_from_a_python_backup_is_decided_by_the_exception_class(tmp_pa
     finally:
         if owned:
             _core.backup_close(handle)
+
+
+def test_the_snapshot_modes_are_the_cores():
+    from millpond.recovery import SnapshotMode
+
+    assert tuple(m.value for m in SnapshotMode) == _core.SNAPSHOT_MODES

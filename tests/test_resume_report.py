@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 import re
 from datetime import timedelta
-from typing import Any, List
+import shutil
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -31,9 +32,14 @@ def _flow(items: List[Any], out: List[Any]) -> Dataflow:
     return flow
 
 
-def _restored_keys(caplog: pytest.LogCaptureFixture) -> List[int]:
-    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resume flow")]
-    return [int(re.search(r"(\d+) keys restored", line).group(1)) for line in lines]  # type: ignore[union-attr]
+def _restored(caplog: pytest.LogCaptureFixture) -> List[Tuple[str, int, str]]:
+    """(kind, count, what) of each resume line: what is "keys" or "stored rows"."""
+    out = []
+    for r in caplog.records:
+        m = re.search(r"(\w+) resume, .*, (\d+) (keys|stored rows) restored", r.getMessage())
+        if m:
+            out.append((m.group(1), int(m.group(2)), m.group(3)))
+    return out
 
 
 def _inspected_keys(backup_dir: str) -> int:
@@ -43,7 +49,7 @@ def _inspected_keys(backup_dir: str) -> int:
 
 
 @pytest.mark.parametrize("mode", [SnapshotMode.BATCH, SnapshotMode.IMMEDIATE], ids=lambda m: m.value)
-def test_keys_restored_agree_with_inspect_after_a_crash_left_old_versions(tmp_path, caplog, mode):
+def test_a_resume_reports_keys_only_when_it_knows_them(tmp_path, caplog, mode):
     caplog.set_level(logging.INFO, logger="millpond")
     backup = str(tmp_path / "backup")
     cfg = RecoveryConfig(tmp_path / "state", backup=backup, snapshot_mode=mode)
@@ -53,9 +59,31 @@ def test_keys_restored_agree_with_inspect_after_a_crash_left_old_versions(tmp_pa
     items: List[Any] = list(range(KEYS * 8)) + [TestingSource.ABORT()] + list(range(10))
     run_main(_flow(items, []), epoch_interval=timedelta(0), recovery_config=cfg)
     run_main(_flow(items, []), epoch_interval=timedelta(0), recovery_config=cfg)
-    reported = _restored_keys(caplog)
-    # KEYS counts and the source's position.
-    assert reported[1] == _inspected_keys(backup) == KEYS + 1
+    # A full resume rebuilds one row per key: keys, exactly.
+    shutil.rmtree(tmp_path / "state" / "rr")
+    run_main(_flow(items, []), epoch_interval=timedelta(0), recovery_config=cfg)
+    fresh, fast, full = _restored(caplog)
+    assert fresh == ("fresh", 0, "keys")
+    # KEYS counters and the source's position.
+    assert full == ("full", KEYS + 1, "keys") and _inspected_keys(backup) == KEYS + 1
+    # After the abort the store held older versions: rows, said as rows,
+    # never passed off as keys.
+    assert fast[0] == "fast" and fast[2] == "stored rows" and fast[1] > KEYS + 1
+
+
+def test_a_fast_resume_of_a_store_without_older_versions_reports_its_keys(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="millpond")
+    backup = str(tmp_path / "backup")
+    cfg = RecoveryConfig(tmp_path / "state", backup=backup)
+    # One epoch that writes every key (2,000 of them): the local store takes
+    # it as a new generation, one row per key, nothing to collect.
+    items: List[Any] = list(range(2000)) + [TestingSource.EOF()] + [1]
+    flow = Dataflow("rr")
+    keyed = op.key_on("key", op.input("in", flow, TestingSource(items, batch_size=5000)), lambda x: f"k{x}")
+    op.output("out", op.stateful_map("count", keyed, lambda n, _v: ((n or 0) + 1, 1)), TestingSink([]))
+    run_main(flow, recovery_config=cfg)
+    run_main(flow, recovery_config=cfg)
+    assert _restored(caplog)[1] == ("fast", 2001, "keys") and _inspected_keys(backup) == 2001
 
 
 def test_a_run_that_aborts_does_not_log_itself_finished(tmp_path, caplog):

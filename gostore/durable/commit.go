@@ -11,6 +11,9 @@ import (
 )
 
 type epochState struct {
+	// closing counts the workers that called CloseEpoch; closed, those
+	// whose close their pipe applied.
+	closing  int
 	closed   int
 	pending  int
 	objects  []ObjectRef
@@ -38,8 +41,9 @@ func (r *Run) epochLocked(e int64) *epochState {
 
 // CloseEpoch marks that worker w finished epoch (its snapshot is written).
 // When every worker closed it and its segments are uploaded, it commits.
-// CloseEpoch waits while more than MaxEpochsInFlight epochs are closed but
-// not committed, or while compaction or local GC is too far behind, and
+// The last worker to close an epoch waits while more than
+// MaxEpochsInFlight epochs are closed but not committed, or while
+// compaction or local GC is too far behind (back-pressure). CloseEpoch
 // returns the pipeline's error if it failed.
 func (r *Run) CloseEpoch(w int, epoch int64) error {
 	return r.closeEpoch(w, epoch, false)
@@ -62,6 +66,13 @@ func (r *Run) closeEpoch(w int, epoch int64, last bool) error {
 	if !es.closeSet {
 		es.closeSet, es.closeAt = true, time.Now()
 	}
+	es.closing++
+	// Only the last worker to close the epoch waits: until every worker
+	// closed it, a whole-state batch's local write may wait for a segment
+	// that a later close cuts, and compaction and local GC wait for the
+	// local writes, so an earlier close that waited for them would wait
+	// forever (the engine closes an epoch worker by worker).
+	mayWait := !last && es.closing >= r.cfg.WorkerCount
 	err := r.err
 	r.mu.Unlock()
 	if err != nil {
@@ -81,7 +92,7 @@ func (r *Run) closeEpoch(w int, epoch int64, last bool) error {
 	start := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for !last && r.err == nil && !r.stopped && (epoch-r.committed > int64(r.cfg.MaxEpochsInFlight) || r.maintenanceBehindLocked()) {
+	for mayWait && r.err == nil && !r.stopped && (epoch-r.committed > int64(r.cfg.MaxEpochsInFlight) || r.maintenanceBehindLocked()) {
 		// Maintenance runs after commits; when the debt is older than the
 		// last one (inherited from a previous run), wake it ourselves, or
 		// the wait would need a commit that this very wait holds back.

@@ -25,11 +25,15 @@ const (
 
 // RestoreInfo says how a worker's state came back.
 type RestoreInfo struct {
-	Kind    string  `json:"kind"`
-	Reason  string  `json:"reason"`
-	Objects int     `json:"objects"`
-	Bytes   int64   `json:"bytes"`
-	Rows    int64   `json:"rows"`
+	Kind    string `json:"kind"`
+	Reason  string `json:"reason"`
+	Objects int    `json:"objects"`
+	Bytes   int64  `json:"bytes"`
+	Rows    int64  `json:"rows"`
+	// Keys is the live keys restored, or -1 when the store may still hold
+	// older versions of keys that local GC has not collected (Rows counts
+	// them too).
+	Keys    int64   `json:"keys"`
 	Seconds float64 `json:"seconds"`
 }
 
@@ -128,19 +132,18 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 			return info, fmt.Errorf("finish rebuild of worker %d: %w", w, err)
 		}
 	}
-	if info.Kind == ResumeFast && store.Meta().GCEpoch < committed {
-		// The older versions that a crash left uncollected go first (the
-		// first maintenance round would collect them, beside the flow):
-		// the store then holds one row per key, so its count of rows
-		// that are not deletions is its count of keys, the figure that
-		// inspect --keys reports for the committed state.
-		if _, err := store.GC(ctx, committed); err != nil {
-			store.Close()
-			return info, fmt.Errorf("collect the local store of worker %d before resuming: %w", w, err)
-		}
-	}
+	// Rows minus deletions are the keys when the store holds one row per
+	// key: rebuilt from the backup, or collected through the committed
+	// epoch. A store a run left uncollected (local GC runs in the
+	// background once the next run starts, rather than holding up its
+	// resume) may still hold older versions of some keys: its key count is
+	// not known without reading every row.
 	if st, err := store.Stats(ctx); err == nil {
 		info.Rows = st.Rows - st.Deletions
+		info.Keys = -1
+		if info.Kind != ResumeFast || store.Meta().GCEpoch >= committed {
+			info.Keys = info.Rows
+		}
 	}
 	info.Seconds = time.Since(start).Seconds()
 	r.stores[w] = store

@@ -44,9 +44,12 @@ func (m SnapshotMode) String() string {
 	return fmt.Sprintf("SnapshotMode(%d)", int(m))
 }
 
+// SnapshotModes lists the modes, in order.
+func SnapshotModes() []SnapshotMode { return []SnapshotMode{SnapshotBatch, SnapshotImmediate} }
+
 // ParseSnapshotMode reads a mode by name: "batch" or "immediate".
 func ParseSnapshotMode(name string) (SnapshotMode, error) {
-	for _, m := range []SnapshotMode{SnapshotBatch, SnapshotImmediate} {
+	for _, m := range SnapshotModes() {
 		if m.String() == name {
 			return m, nil
 		}
@@ -377,8 +380,8 @@ func (r *Run) Finish(aborted bool) error {
 		}
 	}
 	if err == nil {
-		// The local store's GC is left to the next run's fast resume,
-		// which does it before it counts its keys (Restore).
+		// The local store's GC is left to the next run, which does it in
+		// the background once it started (it would hold up its resume).
 		r.finalMaintenance(context.Background())
 	}
 	return err

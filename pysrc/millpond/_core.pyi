@@ -1,6 +1,7 @@
 """Types of millpond._core, the Go core's CPython extension (pybindings/).
 
-Handles are ints naming objects of the Go side; a closed or unknown handle
+ERROR_KINDS and SNAPSHOT_MODES are the names the Go side defines, read at
+import. Handles are ints naming objects of the Go side; a closed or unknown handle
 raises the "closed" error kind. Errors are raised as the exception class
 registered for their kind (set_error_types, done by millpond._corebridge).
 """
@@ -8,6 +9,7 @@ registered for their kind (set_error_types, done by millpond._corebridge).
 from typing import Any, Callable, Optional, Union
 
 ERROR_KINDS: tuple[str, ...]
+SNAPSHOT_MODES: tuple[str, ...]
 
 class CoreError(Exception): ...
 

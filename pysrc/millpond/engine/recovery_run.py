@@ -78,10 +78,17 @@ class RecoveryRun:
             raise
         self.resume_seconds = time.perf_counter() - start
         kinds = sorted({str(r["kind"]) for r in self.restores})
-        keys = sum(int(r["rows"]) for r in self.restores)
+        if all(int(r["keys"]) >= 0 for r in self.restores):
+            restored = f"{sum(int(r['keys']) for r in self.restores)} keys restored"
+        else:
+            # A store left uncollected may hold older versions of a key
+            # (collected in the background from now on): its rows are not
+            # its keys, and counting the keys would hold up the resume.
+            restored = (f"{sum(int(r['rows']) for r in self.restores)} stored rows restored "
+                        "(keys and older versions not yet collected)")
         logger.info(
-            "resume flow %r: %s resume, execution %d, resume epoch %d, %d keys restored on %d worker(s) in %.3f s",
-            flow_id, "+".join(kinds), self.execution, self.resume_epoch, keys, worker_count, self.resume_seconds,
+            "resume flow %r: %s resume, execution %d, resume epoch %d, %s on %d worker(s) in %.3f s",
+            flow_id, "+".join(kinds), self.execution, self.resume_epoch, restored, worker_count, self.resume_seconds,
         )
 
     def _restore(self, w: int) -> StateStore:
