@@ -192,12 +192,12 @@ def millpond_resume(n_keys: int, tmp: Path) -> dict:
     out = {"keys": n_keys, "first_run_s": time.perf_counter() - t0}
     fast = timed_first_line(cmd, REPO)
     out["fast"] = {k: fast[k] for k in ("first_output_s", "process_s", "line")}
-    out["fast"]["log"] = [ln for ln in fast["stderr"].splitlines() if "resume" in ln][:1]
+    out["fast"]["log"] = [ln for ln in fast["stderr"].splitlines() if "resume flow" in ln][:1]
     # Full resume: the local store is gone, only the backup (DIR/backup) is left.
     shutil.rmtree(state / "bench_resume")
     full = timed_first_line(cmd, REPO)
     out["full"] = {k: full[k] for k in ("first_output_s", "process_s", "line")}
-    out["full"]["log"] = [ln for ln in full["stderr"].splitlines() if "resume" in ln][:1]
+    out["full"]["log"] = [ln for ln in full["stderr"].splitlines() if "resume flow" in ln][:1]
     # Process start to exit of an empty Python + millpond import, for scale.
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import millpond.run, millpond.recovery"], check=True)
