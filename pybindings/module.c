@@ -59,21 +59,6 @@ PyObject *mp_call_handle_json(PyObject *args, mp_handle_json_fn fn) {
     return mp_take_json(out);
 }
 
-const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out) {
-    uint64_t v = 0;
-    int shift = 0;
-    while (p < end && shift < 64) {
-        unsigned char b = (unsigned char)*p++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (b < 0x80) {
-            *out = v;
-            return p;
-        }
-        shift += 7;
-    }
-    return NULL;
-}
-
 // set_error_types(types: dict[str, type]): the exception class to raise
 // for each error kind, by name.
 static PyObject *py_set_error_types(PyObject *self, PyObject *arg) {

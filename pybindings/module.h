@@ -15,7 +15,22 @@ PyObject *mp_raise(int kind, char *msg);
 // A Python object from Go-allocated JSON or text, freed here.
 PyObject *mp_take_json(char *json);
 PyObject *mp_take_str(char *s);
-const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out);
+// Reads a uvarint at p; NULL if it runs past end. Inline: a scan page
+// decodes three per row.
+static inline const char *mp_get_uvarint(const char *p, const char *end, uint64_t *out) {
+    uint64_t v = 0;
+    int shift = 0;
+    while (p < end && shift < 64) {
+        unsigned char b = (unsigned char)*p++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (b < 0x80) {
+            *out = v;
+            return p;
+        }
+        shift += 7;
+    }
+    return NULL;
+}
 // The shapes most calls share: fn(handle) with no result, and fn(handle)
 // returning a record as JSON. args holds the one handle.
 typedef int (*mp_handle_fn)(uintptr_t, int *, char **);
