@@ -66,9 +66,14 @@ def test_a_resume_reports_keys_only_when_it_knows_them(tmp_path, caplog, mode):
     assert fresh == ("fresh", 0, "keys")
     # KEYS counters and the source's position.
     assert full == ("full", KEYS + 1, "keys") and _inspected_keys(backup) == KEYS + 1
-    # After the abort the store held older versions: rows, said as rows,
-    # never passed off as keys.
-    assert fast[0] == "fast" and fast[2] == "stored rows" and fast[1] > KEYS + 1
+    # After the abort the store may hold older versions (unless its
+    # background GC caught up before the abort): then its rows are said
+    # as rows, never passed off as keys; keys, when said, are exact.
+    assert fast[0] == "fast"
+    if fast[2] == "keys":
+        assert fast[1] == KEYS + 1
+    else:
+        assert fast[1] >= KEYS + 1
 
 
 def test_a_fast_resume_of_a_store_without_older_versions_reports_its_keys(tmp_path, caplog):
