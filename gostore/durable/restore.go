@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -148,7 +149,13 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 	info.Seconds = time.Since(start).Seconds()
 	r.stores[w] = store
 	r.restores[w] = info
-	r.cfg.Logger.Info("worker restored", "flow", r.cfg.FlowID, "worker", w, "kind", info.Kind,
+	// A full resume says why at Info (the local store was lost, the worker
+	// count changed...); the others are routine.
+	level := slog.LevelDebug
+	if info.Kind == ResumeFull {
+		level = slog.LevelInfo
+	}
+	r.cfg.Logger.Log(ctx, level, "worker restored", "flow", r.cfg.FlowID, "worker", w, "kind", info.Kind,
 		"reason", info.Reason, "objects", info.Objects, "bytes", info.Bytes, "seconds", info.Seconds)
 	return info, nil
 }

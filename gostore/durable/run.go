@@ -277,7 +277,7 @@ func (r *Run) Start() error {
 	if err := RecordExecution(context.Background(), r.cfg.Backup, rec); err != nil {
 		return fmt.Errorf("start recovery for flow %q: record execution %d: %w", r.cfg.FlowID, r.execution, err)
 	}
-	r.cfg.Logger.Info("execution recorded", "flow", r.cfg.FlowID, "execution", r.execution, "resume_epoch", r.resume)
+	r.cfg.Logger.Debug("execution recorded", "flow", r.cfg.FlowID, "execution", r.execution, "resume_epoch", r.resume)
 	// Local GC's debt is what the restored stores carry, not the committed
 	// epoch: a store resumed fast may not have been collected for a while.
 	r.mu.Lock()
