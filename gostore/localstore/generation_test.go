@@ -195,7 +195,7 @@ func TestDeleteFromDropsAWaitingGeneration(t *testing.T) {
 }
 
 // segmentOf writes rows at epoch into a sealed segment of worker 0 of
-// flow "wc", the way the compactor cuts one.
+// flow "wc", the way the segment cutter cuts one.
 func segmentOf(t *testing.T, epoch int64, rows []rowbatch.Row, worker int) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "seg.sqlite")
