@@ -71,8 +71,8 @@ def test_a_fault_injected_upload_retry_reaches_python_logging(tmp_path, caplog):
     assert "injected upload failure" in rec.core_attrs["err"]  # type: ignore[attr-defined]
     assert rec.core_attrs["key"].startswith("logged/segments/")  # type: ignore[attr-defined]
     assert "attempt=1" in rec.getMessage()
-    # Info records of the core arrive too ("execution recorded", ...).
-    assert any(r.levelno == logging.INFO for r in _core_records(caplog))
+    # Routine records are Debug: not passed on at INFO.
+    assert not [r for r in _core_records(caplog) if r.levelno < logging.INFO]
 
 
 def test_a_run_that_gives_up_logs_why_before_it_raises(tmp_path, caplog):
@@ -95,4 +95,20 @@ def test_records_below_the_loggers_level_are_not_passed_on(tmp_path, caplog):
 def test_debug_records_arrive_when_the_logger_asks_for_them(tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="millpond.core")
     _run(tmp_path, FlakyBackup(failures=0))
-    assert any(r.levelno == logging.DEBUG and "epoch committed" in r.getMessage() for r in _core_records(caplog))
+    messages = [r.getMessage() for r in _core_records(caplog) if r.levelno == logging.DEBUG]
+    assert any("epoch committed" in m for m in messages)
+    assert any(m.startswith("execution recorded flow=logged execution=0") for m in messages)
+
+
+def test_a_full_resume_says_why_at_info(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="millpond.core")
+    backup = FlakyBackup(failures=0)
+    _run(tmp_path, backup)
+    import shutil
+
+    shutil.rmtree(tmp_path / "state")
+    _run(tmp_path, backup)
+    restored = [r for r in _core_records(caplog) if r.getMessage().startswith("worker restored")]
+    assert [(r.levelno, r.core_attrs["kind"], r.core_attrs["reason"]) for r in restored] == [  # type: ignore[attr-defined]
+        (logging.INFO, "full", "no local store")
+    ]
