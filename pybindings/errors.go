@@ -55,9 +55,14 @@ var kindNames = [...]string{
 // after another (malloc'd; the caller frees it).
 //
 //export mp_error_kinds
-func mp_error_kinds(n *C.int) *C.char {
-	*n = C.int(len(kindNames) - 1)
-	return C.CString(strings.Join(kindNames[1:], "\x00") + "\x00")
+func mp_error_kinds(n *C.int) *C.char { return cNames(kindNames[1:], n) }
+
+// cNames returns names, each NUL-terminated, as one malloc'd string (the
+// caller frees it), with their count in *n: how the Go side's lists of
+// names reach the module at import.
+func cNames(names []string, n *C.int) *C.char {
+	*n = C.int(len(names))
+	return C.CString(strings.Join(names, "\x00") + "\x00")
 }
 
 var errBadHandle = errors.New("object is closed")

@@ -8,7 +8,6 @@ import "C"
 
 import (
 	"context"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -22,10 +21,9 @@ import (
 func mp_snapshot_modes(n *C.int) *C.char {
 	var names []string
 	for _, m := range durable.SnapshotModes() {
-		names = append(names, m.String()+"\x00")
+		names = append(names, m.String())
 	}
-	*n = C.int(len(names))
-	return C.CString(strings.Join(names, ""))
+	return cNames(names, n)
 }
 
 //export mp_run_open

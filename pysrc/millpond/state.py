@@ -461,13 +461,6 @@ class StateStore(_LiveState):
         path = directory / flow_id / f"worker-{worker_index:04d}" / "store.sqlite"
         return cls(handle, flow_id, worker_index, worker_count, key_group_count, resume_epoch, path)
 
-    @classmethod
-    def _attach(cls, handle: int, flow_id: str, worker_index: int, worker_count: int, key_group_count: int,
-                resume_epoch: Optional[int], path: Path) -> "StateStore":
-        """Wrap the handle of a store a recovery run owns: its snapshots go
-        through the run (the core knows which), by the same call."""
-        return cls(handle, flow_id, worker_index, worker_count, key_group_count, resume_epoch, path)
-
     def register(self, step_id: str, builder: Builder) -> None:
         super().register(step_id, builder)
         if step_id in self._stored_steps:

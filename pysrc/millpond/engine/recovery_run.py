@@ -113,7 +113,9 @@ class RecoveryRun:
             raise result["error"]
         store_handle, info = result["value"]
         self.restores.append(info)
-        store = StateStore._attach(
+        # The core knows the handle belongs to the run: snapshots go
+        # through it, by the same call as a store's opened alone.
+        store = StateStore(
             store_handle, self.flow_id, w, self.worker_count, self.key_group_count, self.resume_epoch,
             self.config.local_state_dir / self.flow_id / f"worker-{w:04d}" / "store.sqlite",
         )
@@ -189,9 +191,6 @@ class RecoveryRun:
                     m["backpressure_seconds"], m["local_write_seconds"], m["local_gc_seconds"],
                     m["compactions"], m["compaction_seconds"], m["whole_epochs"],
                 )
-            # What the core logged while the run went on reaches logging
-            # before the run returns.
-            _core.log_flush()
 
     def metrics(self) -> dict[str, Any]:
         """Commit and upload figures: committed epoch, bytes, latencies, waits."""
@@ -221,6 +220,8 @@ class RecoveryRun:
         if self._owns_backup:
             _core.backup_close(self._backup_handle)
             self._owns_backup = False
+        # What the core logged while the run went on reaches logging
+        # before the run returns.
         _core.log_flush()
 
     def __enter__(self) -> "RecoveryRun":
