@@ -14,6 +14,14 @@ import (
 // segment that starts with it is rejected by the directory backend.
 const TempPrefix = ".mp-tmp-"
 
+// DirMode and FileMode are the permissions of the directories and files the
+// backends create: owner-only, because they hold a flow's state. The umask
+// may narrow them further; nothing widens them.
+const (
+	DirMode  os.FileMode = 0o700
+	FileMode os.FileMode = 0o600
+)
+
 // IsTempName reports whether the base name of a file marks it as a temporary
 // file of [WriteFileAtomic].
 func IsTempName(name string) bool {
@@ -22,8 +30,12 @@ func IsTempName(name string) bool {
 
 // WriteFileAtomic creates path with the content written by fill: fill writes
 // to a temporary file in the same directory, which is then fsynced, closed,
-// made readable (0644), renamed over path, and the directory fsynced. On any
-// error the temporary file is removed and path is left untouched.
+// renamed over path, and the directory fsynced. On any error the temporary
+// file is removed and path is left untouched.
+//
+// The file is owner-only (0600, as os.CreateTemp makes it, narrowed further
+// by the umask): objects hold a flow's state, which may be private, and
+// nothing here widens what the umask allows.
 func WriteFileAtomic(path string, fill func(f *os.File) error) (err error) {
 	dir, base := filepath.Split(path)
 	if dir == "" {
@@ -45,9 +57,6 @@ func WriteFileAtomic(path string, fill func(f *os.File) error) (err error) {
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("fsync %s: %w", tmp, err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		return fmt.Errorf("chmod %s: %w", tmp, err)
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("close %s: %w", tmp, err)

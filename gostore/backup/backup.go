@@ -16,6 +16,10 @@ import (
 // not exist. Test for it with errors.Is.
 var ErrNotFound = errors.New("object not found")
 
+// ErrExists is returned (wrapped) by [Small.Create] when an object already
+// has the key. Test for it with errors.Is.
+var ErrExists = errors.New("object already exists")
+
 // ObjectInfo describes one stored object.
 type ObjectInfo struct {
 	// Key is the full key of the object, as passed to Upload.
@@ -75,4 +79,21 @@ type Adopter interface {
 	// Adopt stores localPath under key as Upload does; where it cannot
 	// link (another filesystem) it copies.
 	Adopt(ctx context.Context, localPath, key string) error
+}
+
+// Small is implemented by backends that move small objects (records) in
+// memory, without temporary files: a caller writing a commit record need not
+// create, and on a crash leave behind, a local file for it. Temporary files a
+// backend needs (the directory backend's) live in its own directory, where
+// listings skip them.
+type Small interface {
+	// Get returns the object's content; a missing key wraps [ErrNotFound].
+	Get(ctx context.Context, key string) ([]byte, error)
+	// Put stores data under key atomically, replacing any previous object.
+	Put(ctx context.Context, key string, data []byte) error
+	// Create stores data under key only if no object has that key;
+	// otherwise it returns an error wrapping [ErrExists] and changes
+	// nothing. Of concurrent Creates of one key (from any number of
+	// processes and machines), exactly one succeeds.
+	Create(ctx context.Context, key string, data []byte) error
 }

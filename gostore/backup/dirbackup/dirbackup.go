@@ -40,7 +40,7 @@ var (
 // New returns a DirBackup rooted at root, which is made absolute.
 //
 // If root does not exist but its parent directory does, root is created
-// (mode 0755) and the creation logged: pointing a flow at a fresh
+// (mode 0700, owner-only: it holds flow state) and the creation logged: pointing a flow at a fresh
 // sub-directory just works. If the parent is missing too, New fails with an
 // error naming both, since that is usually a typo or an unmounted volume.
 // A root that exists but is not a directory is an error. A nil logger
@@ -71,7 +71,7 @@ func New(root string, logger *slog.Logger) (*DirBackup, error) {
 			return nil, fmt.Errorf("backup directory %s does not exist, and neither does its parent %s; "+
 				"only the last part is created, so check the path (a typo, an unmounted volume?)", abs, parent)
 		}
-		if err := os.Mkdir(abs, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		if err := os.Mkdir(abs, backup.DirMode); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("create backup directory %s: %w", abs, err)
 		}
 		logger.Info("created backup directory", "dir", abs)

@@ -2,8 +2,11 @@ package dirbackup
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -105,12 +108,83 @@ func TestUploadUnderAnObjectKeyFails(t *testing.T) {
 	assert.Contains(t, err.Error(), "a/b")
 }
 
-func TestObjectsAreReadableFiles(t *testing.T) {
+// TestObjectsAndDirectoriesAreOwnerOnly pins the permissions of what the
+// store creates: files 0600 and directories 0700 (they hold flow state),
+// narrowed by the umask and never widened beyond it.
+func TestObjectsAndDirectoriesAreOwnerOnly(t *testing.T) {
+	shm := "/dev/shm"
+	for _, umask := range []int{0o022, 0o077, 0o027} {
+		t.Run(fmt.Sprintf("umask=%03o", umask), func(t *testing.T) {
+			old := syscall.Umask(umask)
+			t.Cleanup(func() { syscall.Umask(old) })
+			wantFile := backup.FileMode &^ os.FileMode(umask)
+			wantDir := backup.DirMode &^ os.FileMode(umask)
+			ctx := context.Background()
+
+			b := newTestBackup(t)
+			backuptest.Put(t, b, "up/load/x", []byte("upload"))
+			require.NoError(t, b.Put(ctx, "put/x", []byte("put")))
+			require.NoError(t, b.Create(ctx, "create/x", []byte("create")))
+			paths := map[string]os.FileMode{
+				b.Root():                                   wantDir,
+				filepath.Join(b.Root(), "up"):              wantDir,
+				filepath.Join(b.Root(), "up", "load"):      wantDir,
+				filepath.Join(b.Root(), "up", "load", "x"): wantFile,
+				filepath.Join(b.Root(), "put", "x"):        wantFile,
+				filepath.Join(b.Root(), "create"):          wantDir,
+				filepath.Join(b.Root(), "create", "x"):     wantFile,
+			}
+			// Adopt copies when it cannot link: a source on another
+			// filesystem (tmpfs) takes that path.
+			if fi, err := os.Stat(shm); err == nil && fi.IsDir() && !sameDevice(t, shm, b.Root()) {
+				src, err := os.CreateTemp(shm, "mp-adopt-test-*")
+				require.NoError(t, err)
+				t.Cleanup(func() { os.Remove(src.Name()) })
+				require.NoError(t, src.Close())
+				require.NoError(t, os.Chmod(src.Name(), 0o644))
+				require.NoError(t, b.Adopt(ctx, src.Name(), "adopted/x"))
+				paths[filepath.Join(b.Root(), "adopted", "x")] = wantFile
+			}
+			local := filepath.Join(t.TempDir(), "downloaded")
+			require.NoError(t, b.Download(ctx, "put/x", local))
+			paths[local] = wantFile
+
+			for p, want := range paths {
+				fi, err := os.Stat(p)
+				require.NoError(t, err)
+				assert.Equal(t, want, fi.Mode().Perm(), "%s", p)
+			}
+		})
+	}
+}
+
+func sameDevice(t *testing.T, a, b string) bool {
+	t.Helper()
+	var sa, sb syscall.Stat_t
+	require.NoError(t, syscall.Stat(a, &sa))
+	require.NoError(t, syscall.Stat(b, &sb))
+	return sa.Dev == sb.Dev
+}
+
+func TestErrorsNameTheObjectOnce(t *testing.T) {
 	b := newTestBackup(t)
-	backuptest.Put(t, b, "x/y", []byte("hello"))
-	fi, err := os.Stat(filepath.Join(b.Root(), "x", "y"))
-	require.NoError(t, err)
-	assert.Equal(t, os.FileMode(0o644), fi.Mode().Perm())
+	ctx := context.Background()
+	backuptest.Put(t, b, "flow/seg", []byte("x"))
+	// A key running past an object is a missing object, said once, not
+	// "open ROOT/flow/seg/more: not a directory".
+	err := b.Download(ctx, "flow/seg/more", filepath.Join(t.TempDir(), "x"))
+	require.ErrorIs(t, err, backup.ErrNotFound)
+	assert.Equal(t, "download flow/seg/more from dir "+b.Root()+": object not found", err.Error())
+	_, err = b.Get(ctx, "flow/nope")
+	assert.Equal(t, "get flow/nope from dir "+b.Root()+": object not found", err.Error())
+	require.NoError(t, b.Delete(ctx, "flow/seg/more"), "no object there, so nothing to delete")
+	err = b.Put(ctx, "flow/seg/more", []byte("x"))
+	require.Error(t, err)
+	assert.Equal(t, 1, strings.Count(err.Error(), b.Root()), "%v", err)
+	err = b.Create(ctx, "flow", []byte("x"))
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, backup.ErrExists, "a directory of keys is not an object")
+	assert.Equal(t, 1, strings.Count(err.Error(), b.Root()), "%v", err)
 }
 
 // TestConcurrentUploadAndDeleteInSameDirectory races uploads against deletes

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 
 	"github.com/millpond/millpond/gostore/backup"
 )
@@ -32,34 +34,65 @@ func (b *DirBackup) Upload(ctx context.Context, localPath, key string) error {
 		return fmt.Errorf("upload %s to %s in %s: %w", localPath, key, b, err)
 	}
 	defer src.Close()
-	for attempt := 1; ; attempt++ {
-		err = b.writeObject(src, dst)
-		if err == nil || attempt == mkdirAttempts ||
-			!(errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrExist)) {
-			break
-		}
-		// A concurrent Delete pruned a directory we just created (ENOENT),
-		// or pruned one MkdirAll saw appear (EEXIST, then gone).
-		if _, serr := src.Seek(0, io.SeekStart); serr != nil {
-			err = serr
-			break
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("upload %s to %s in %s: %w", localPath, key, b, err)
+	if err := b.writeObject(src, dst); err != nil {
+		return fmt.Errorf("upload %s to %s in %s: %w", localPath, key, b, b.quiet(err))
 	}
 	b.logger.Debug("uploaded", "store", b.String(), "key", key)
 	return nil
 }
 
-func (b *DirBackup) writeObject(src *os.File, dst string) error {
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return err
-	}
-	return backup.WriteFileAtomic(dst, func(f *os.File) error {
-		_, err := io.Copy(f, src)
-		return err
+// writeObject writes the content of src to dst atomically, creating its
+// directory (owner-only) first.
+func (b *DirBackup) writeObject(src io.ReadSeeker, dst string) error {
+	return retryPruned(func() error {
+		if _, err := src.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), backup.DirMode); err != nil {
+			return err
+		}
+		return backup.WriteFileAtomic(dst, func(f *os.File) error {
+			_, err := io.Copy(f, src)
+			return err
+		})
 	})
+}
+
+// retryPruned runs write again while it fails because a concurrent Delete
+// pruned a directory it had just created (ENOENT), or pruned one MkdirAll
+// saw appear (EEXIST, then gone).
+func retryPruned(write func() error) error {
+	var err error
+	for attempt := 1; attempt <= mkdirAttempts; attempt++ {
+		err = write()
+		if err == nil || !(errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrExist)) {
+			return err
+		}
+	}
+	return err
+}
+
+// quiet drops the path from an error of the os package about a file of the
+// store: the callers' messages already name the key and the store, and
+// "dir /x: open /x/flow/k: ..." would name them twice. errors.Is still
+// sees the cause.
+func (b *DirBackup) quiet(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) && strings.HasPrefix(pe.Path, b.root+string(filepath.Separator)) {
+		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) && strings.HasPrefix(le.New, b.root+string(filepath.Separator)) {
+		return fmt.Errorf("%s: %w", le.Op, le.Err)
+	}
+	return err
+}
+
+// isMissing reports whether err from opening a store file means there is no
+// object: the file does not exist, or an ancestor of it is a file (the key
+// runs past an object's key, "a/b" when "a" is an object).
+func isMissing(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
 }
 
 // Download copies the object at key to localPath, atomically. A missing key
@@ -72,27 +105,39 @@ func (b *DirBackup) Download(ctx context.Context, key, localPath string) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("download %s from %s: %w", key, b, err)
 	}
-	in, err := os.Open(src)
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("download %s from %s: %w", key, b, backup.ErrNotFound)
-	}
+	in, err := b.open(src)
 	if err != nil {
 		return fmt.Errorf("download %s from %s: %w", key, b, err)
 	}
 	defer in.Close()
-	if fi, err := in.Stat(); err != nil {
-		return fmt.Errorf("download %s from %s: %w", key, b, err)
-	} else if !fi.Mode().IsRegular() {
-		return fmt.Errorf("download %s from %s: %w", key, b, backup.ErrNotFound)
-	}
 	err = backup.WriteFileAtomic(localPath, func(f *os.File) error {
 		_, err := io.Copy(f, in)
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("download %s from %s to %s: %w", key, b, localPath, err)
+		return fmt.Errorf("download %s from %s to %s: %w", key, b, localPath, b.quiet(err))
 	}
 	return nil
+}
+
+// open opens the object file p for reading. No file, or a directory,
+// gives [backup.ErrNotFound]; other errors are quieted (see quiet).
+func (b *DirBackup) open(p string) (*os.File, error) {
+	in, err := os.Open(p)
+	if isMissing(err) {
+		return nil, backup.ErrNotFound
+	}
+	if err != nil {
+		return nil, b.quiet(err)
+	}
+	if fi, err := in.Stat(); err != nil {
+		in.Close()
+		return nil, b.quiet(err)
+	} else if !fi.Mode().IsRegular() {
+		in.Close()
+		return nil, backup.ErrNotFound
+	}
+	return in, nil
 }
 
 // Delete removes the object at key, then any directories the removal left
@@ -109,15 +154,18 @@ func (b *DirBackup) Delete(ctx context.Context, key string) error {
 	if errors.Is(err, fs.ErrNotExist) || (err == nil && fi.IsDir()) {
 		return nil
 	}
+	if err != nil && errors.Is(err, syscall.ENOTDIR) {
+		return nil // an ancestor is an object: no object has this key
+	}
 	if err != nil {
-		return fmt.Errorf("delete %s from %s: %w", key, b, err)
+		return fmt.Errorf("delete %s from %s: %w", key, b, b.quiet(err))
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("delete %s from %s: %w", key, b, err)
+		return fmt.Errorf("delete %s from %s: %w", key, b, b.quiet(err))
 	}
 	dir := filepath.Dir(p)
 	if err := backup.SyncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("delete %s from %s: %w", key, b, err)
+		return fmt.Errorf("delete %s from %s: %w", key, b, b.quiet(err))
 	}
 	b.pruneEmptyDirs(dir)
 	return nil
@@ -146,7 +194,7 @@ func (b *DirBackup) Adopt(ctx context.Context, localPath, key string) error {
 		return fmt.Errorf("adopt %s as %s in %s: %w", localPath, key, b, err)
 	}
 	dir := filepath.Dir(dst)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, backup.DirMode); err != nil {
 		return b.Upload(ctx, localPath, key)
 	}
 	tmp := filepath.Join(dir, backup.TempPrefix+filepath.Base(dst)+"-link")
@@ -156,7 +204,7 @@ func (b *DirBackup) Adopt(ctx context.Context, localPath, key string) error {
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("adopt %s as %s in %s: %w", localPath, key, b, err)
+		return fmt.Errorf("adopt %s as %s in %s: %w", localPath, key, b, b.quiet(err))
 	}
 	if err := backup.SyncDir(dir); err != nil {
 		return fmt.Errorf("adopt %s as %s in %s: %w", localPath, key, b, err)

@@ -4,6 +4,11 @@
 // call has actually been made ("the upload succeeded but the caller was told
 // it failed"). It counts calls per operation.
 //
+// The in-memory calls of [backup.Small] count as the operations they stand
+// for, so rules written for files also hit records: Get is an OpDownload,
+// Put an OpUpload, and Create an OpUpload that is also an OpCreate (a rule
+// on OpCreate hits only conditional creates).
+//
 //	fb := faultbackup.New(dir)
 //	fb.AddRule(faultbackup.Nth(faultbackup.OpUpload, 3, nil)) // 3rd upload fails
 //	fb.AddRule(faultbackup.FromNth(faultbackup.OpDelete, 1, errDisk).WithKeyPrefix("gc/"))
@@ -31,8 +36,9 @@ const (
 	OpUpload
 	OpDownload
 	OpDelete
+	OpCreate
 
-	OpAll = OpList | OpUpload | OpDownload | OpDelete
+	OpAll = OpList | OpUpload | OpDownload | OpDelete | OpCreate
 )
 
 // String names the operations in the set, e.g. "upload|delete".
@@ -41,7 +47,7 @@ func (o Op) String() string {
 	for _, n := range []struct {
 		op   Op
 		name string
-	}{{OpList, "list"}, {OpUpload, "upload"}, {OpDownload, "download"}, {OpDelete, "delete"}} {
+	}{{OpList, "list"}, {OpUpload, "upload"}, {OpDownload, "download"}, {OpDelete, "delete"}, {OpCreate, "create"}} {
 		if o&n.op != 0 {
 			names = append(names, n.name)
 		}
@@ -119,6 +125,7 @@ type FaultBackup struct {
 var (
 	_ backup.Backup  = (*FaultBackup)(nil)
 	_ backup.Checker = (*FaultBackup)(nil)
+	_ backup.Small   = (*FaultBackup)(nil)
 )
 
 // New wraps inner with no rules: every call passes through.
@@ -195,6 +202,12 @@ func (fb *FaultBackup) decide(op Op, key string) *Rule {
 
 // do runs call unless a rule fails it first.
 func (fb *FaultBackup) do(op Op, key string, call func() error) error {
+	return fb.doNamed(op, op.String(), key, call)
+}
+
+// doNamed is do with the name of the call for the error message, for calls
+// that count as more than one operation.
+func (fb *FaultBackup) doNamed(op Op, name, key string, call func() error) error {
 	r := fb.decide(op, key)
 	if r == nil {
 		return call()
@@ -208,7 +221,7 @@ func (fb *FaultBackup) do(op Op, key string, call func() error) error {
 	if err == nil {
 		err = ErrInjected
 	}
-	return fmt.Errorf("%s %s in %s: %w", op, key, fb, err)
+	return fmt.Errorf("%s %s in %s: %w", name, key, fb, err)
 }
 
 // List lists through the wrapped backend unless a rule fails it.
@@ -249,4 +262,54 @@ func (fb *FaultBackup) Check(ctx context.Context) error {
 		return c.Check(ctx)
 	}
 	return nil
+}
+
+// small returns the wrapped backend as a [backup.Small], or an error
+// wrapping errors.ErrUnsupported naming the call.
+func (fb *FaultBackup) small(call, key string) (backup.Small, error) {
+	sb, ok := fb.inner.(backup.Small)
+	if !ok {
+		return nil, fmt.Errorf("%s %s in %s: the wrapped store keeps no small objects in memory: %w",
+			call, key, fb, errors.ErrUnsupported)
+	}
+	return sb, nil
+}
+
+// Get gets through the wrapped backend unless a rule on OpDownload fails
+// it. A wrapped backend that is not a [backup.Small] gives an error
+// wrapping errors.ErrUnsupported.
+func (fb *FaultBackup) Get(ctx context.Context, key string) ([]byte, error) {
+	sb, err := fb.small("get", key)
+	if err != nil {
+		return nil, err
+	}
+	var out []byte
+	err = fb.doNamed(OpDownload, "get", key, func() (err error) {
+		out, err = sb.Get(ctx, key)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// Put puts through the wrapped backend unless a rule on OpUpload fails it.
+func (fb *FaultBackup) Put(ctx context.Context, key string, data []byte) error {
+	sb, err := fb.small("put", key)
+	if err != nil {
+		return err
+	}
+	return fb.doNamed(OpUpload, "put", key, func() error { return sb.Put(ctx, key, data) })
+}
+
+// Create creates through the wrapped backend unless a rule on OpUpload or
+// OpCreate fails it. With CallThrough the object is created and the
+// failure reported anyway, as a conditional write whose answer was lost.
+func (fb *FaultBackup) Create(ctx context.Context, key string, data []byte) error {
+	sb, err := fb.small("create", key)
+	if err != nil {
+		return err
+	}
+	return fb.doNamed(OpUpload|OpCreate, "create", key, func() error { return sb.Create(ctx, key, data) })
 }

@@ -135,7 +135,7 @@ func TestConcurrentCallsCountExactly(t *testing.T) {
 
 func TestOpString(t *testing.T) {
 	assert.Equal(t, "upload|delete", (OpUpload | OpDelete).String())
-	assert.Equal(t, "list|upload|download|delete", OpAll.String())
+	assert.Equal(t, "list|upload|download|delete|create", OpAll.String())
 	assert.Equal(t, "none", Op(0).String())
 }
 
