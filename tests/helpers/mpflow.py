@@ -1,0 +1,240 @@
+"""A small word-count flow and the subprocess plumbing the "never silently
+wrong" suites (test_never_wrong.py, test_backup_bounds.py) share.
+
+Every run is a child ``python -m millpond.run`` (never a fork of a process
+that imported millpond), with ``PYTHONPATH=pysrc`` and no ``MILLPOND_*``
+variable inherited, so the developer's environment cannot change what a
+test sees. Every helper that starts a process also stops it: on timeout it
+is killed and the test fails with what the child said so far.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+PYSRC = REPO / "pysrc"
+PYTHON = sys.executable
+
+FLOW_ID = "wc"
+
+#: The flow module every run dir gets. ``stateful_map`` emits a running
+#: count per word, so the output file shows every item exactly once and in
+#: order: any state restored wrong (a count off by one) changes the file.
+#: ``pybackup`` is a pure-Python backup (a directory), for the code paths
+#: the core takes only with a backup written in Python.
+FLOW_SOURCE = '''
+import os
+import shutil
+import time
+from pathlib import Path
+
+import millpond.operators as op
+from millpond.connectors.files import FileSink, FileSource
+from millpond.dataflow import Dataflow
+
+
+def get_flow(src, dst, delay=0.0, name="wc"):
+    flow = Dataflow(name)
+    lines = op.input("in", flow, FileSource(src, batch_size=4))
+
+    def split(line):
+        if delay:
+            time.sleep(delay)
+        return line.split()
+
+    words = op.flat_map("split", lines, split)
+    keyed = op.key_on("key", words, lambda w: w)
+    counts = op.stateful_map("count", keyed, lambda n, w: ((n or 0) + 1, f"{w} {(n or 0) + 1}"))
+    op.output("out", counts, FileSink(dst))
+    return flow
+
+
+class PyDirBackup:
+    """A directory backup written in Python; record uploads are slowed
+    down so a SIGKILL is likely to land in the middle of one."""
+
+    def __init__(self, root, record_delay=0.0):
+        self.root = Path(root)
+        self.root.mkdir(exist_ok=True)
+        self.record_delay = record_delay
+
+    def list_keys(self, prefix=""):
+        out = []
+        for p in self.root.rglob("*"):
+            if p.is_file():
+                key = p.relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    out.append(key)
+        return sorted(out)
+
+    def upload(self, from_local, to_key):
+        if self.record_delay and ("/commits/" in to_key or "/executions/" in to_key):
+            time.sleep(self.record_delay)
+        dst = self.root / to_key
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(dst.name + ".tmp")
+        shutil.copyfile(from_local, tmp)
+        os.replace(tmp, dst)
+
+    def download(self, from_key, to_local):
+        src = self.root / from_key
+        if self.record_delay and ("/commits/" in from_key or "/executions/" in from_key):
+            time.sleep(self.record_delay)
+        if not src.exists():
+            raise FileNotFoundError(from_key)
+        shutil.copyfile(src, to_local)
+
+    def delete(self, key):
+        try:
+            (self.root / key).unlink()
+        except FileNotFoundError:
+            pass
+
+
+def pybackup(root, record_delay=0.0):
+    return PyDirBackup(root, record_delay)
+'''
+
+N_LINES = 3000
+N_WORDS = 300  # under 1024 keys: the local store is rewritten in place, one file
+WORDS_PER_LINE = 5
+DELAY = 0.0004  # per line: a run takes about 1.5 s, so a kill lands mid-run
+
+#: The import string of the flow in a run dir.
+IMPORT = f'wcflow:get_flow("in.txt", "out.txt", delay={DELAY})'
+EPOCH = "0.05"
+
+
+def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment of a child run: the repo's pysrc on the path, no
+    ``MILLPOND_*`` or ``AWS_*`` from outside, test S3 credentials."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MILLPOND_", "AWS_"))}
+    env["PYTHONPATH"] = str(PYSRC)
+    env["AWS_ACCESS_KEY_ID"] = "test"
+    env["AWS_SECRET_ACCESS_KEY"] = "test"
+    env["AWS_REGION"] = "us-east-1"
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    env["AWS_CONFIG_FILE"] = os.devnull
+    env["AWS_SHARED_CREDENTIALS_FILE"] = os.devnull
+    if extra:
+        env.update(extra)
+    return env
+
+
+def input_text(seed: int = 1, lines: int = N_LINES) -> str:
+    """The input: ``lines`` lines of ``WORDS_PER_LINE`` words out of ``N_WORDS``."""
+    rng = random.Random(seed)
+    vocab = [f"w{i:03d}" for i in range(N_WORDS)]
+    return "".join(" ".join(rng.choice(vocab) for _ in range(WORDS_PER_LINE)) + "\n" for _ in range(lines))
+
+
+def make_run_dir(d: Path, lines: int = N_LINES) -> Path:
+    """A directory holding the flow module and its input."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "wcflow.py").write_text(FLOW_SOURCE)
+    (d / "in.txt").write_text(input_text(lines=lines))
+    return d
+
+
+def expected_output(lines: int = N_LINES) -> str:
+    """What an uninterrupted run writes, computed without millpond."""
+    counts: Dict[str, int] = {}
+    out: List[str] = []
+    for line in input_text(lines=lines).splitlines():
+        for w in line.split():
+            counts[w] = counts.get(w, 0) + 1
+            out.append(f"{w} {counts[w]}\n")
+    return "".join(out)
+
+
+def run_argv(local: str = "LOCAL", backup: Optional[str] = "BACKUP", import_str: str = IMPORT,
+             extra: Sequence[str] = ()) -> List[str]:
+    """``python -m millpond.run IMPORT -d local -b backup -s EPOCH``."""
+    argv = [PYTHON, "-m", "millpond.run", import_str, "-s", EPOCH, "-d", local]
+    if backup is not None:
+        argv += ["-b", backup]
+    return argv + list(extra)
+
+
+@dataclass
+class Result:
+    """What a finished child did."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def __str__(self) -> str:
+        return f"exit {self.returncode} after {self.seconds:.1f} s; stderr:\n{self.stderr[-3000:]}"
+
+
+def run(argv: Sequence[str], cwd: Path, env: Optional[Dict[str, str]] = None, timeout: float = 60) -> Result:
+    """Run a child to its end; kill it (and report) if it outlives ``timeout``."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=env or child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"{' '.join(argv)} did not exit within {timeout} s; stderr:\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Result(proc.returncode, out, err, time.monotonic() - t0)
+
+
+def commit_records(backup: Path, flow: str = FLOW_ID) -> List[Path]:
+    """The commit records in a directory backup, oldest first."""
+    d = backup / flow / "commits"
+    return sorted(d.glob("*.json")) if d.is_dir() else []
+
+
+def run_and_kill(argv: Sequence[str], cwd: Path, until: Callable[[], bool], env: Optional[Dict[str, str]] = None,
+                 timeout: float = 30, extra_delay: float = 0.0) -> Result:
+    """Start a run, wait until ``until()`` holds (e.g. some epochs are
+    committed), then SIGKILL it. If the run ends first, that is returned."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(list(argv), cwd=cwd, env=env or child_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = t0 + timeout
+        while proc.poll() is None and not until():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the run never reached its kill point within {timeout} s")
+            time.sleep(0.005)
+        if extra_delay:
+            time.sleep(extra_delay)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Result(proc.returncode, "", err, time.monotonic() - t0)
+
+
+def verify(backup: str, cwd: Path, env: Optional[Dict[str, str]] = None) -> Result:
+    """``python -m millpond.recovery verify BACKUP``."""
+    return run([PYTHON, "-m", "millpond.recovery", "verify", backup], cwd=cwd, env=env, timeout=60)
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    """A copy of a run dir (no hard links shared with the original, so a
+    bit flipped in the copy stays in the copy)."""
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
