@@ -1,6 +1,7 @@
 package snapfile
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strconv"
@@ -48,7 +49,11 @@ func openBulk(path string, o Options) (*bulkConn, error) {
 		return nil, fmt.Errorf("open %s for writing: out of memory", path)
 	}
 	defer libc.Xfree(b.tls, pdb)
-	rc := sqlite3.Xsqlite3_open_v2(b.tls, cpath, pdb, sqlite3.SQLITE_OPEN_READWRITE|sqlite3.SQLITE_OPEN_NOMUTEX, 0)
+	flags := int32(sqlite3.SQLITE_OPEN_READWRITE | sqlite3.SQLITE_OPEN_NOMUTEX)
+	if o.ReadOnly {
+		flags = sqlite3.SQLITE_OPEN_READONLY | sqlite3.SQLITE_OPEN_NOMUTEX
+	}
+	rc := sqlite3.Xsqlite3_open_v2(b.tls, cpath, pdb, flags, 0)
 	b.db = *(*uintptr)(cmem(pdb))
 	if rc != sqlite3.SQLITE_OK {
 		err := b.errorf("open for writing", rc)
@@ -56,7 +61,9 @@ func openBulk(path string, o Options) (*bulkConn, error) {
 		return nil, err
 	}
 	pragmas := fmt.Sprintf("PRAGMA busy_timeout=5000; PRAGMA cache_size=-%d; PRAGMA temp_store=MEMORY;", cacheMiB(o)*1024)
-	if o.Segment {
+	if o.ReadOnly {
+		// The file's own settings stand.
+	} else if o.Segment {
 		pragmas += "PRAGMA journal_mode=MEMORY; PRAGMA synchronous=OFF;"
 	} else {
 		pragmas += "PRAGMA synchronous=NORMAL; PRAGMA wal_autocheckpoint=0;"
@@ -68,13 +75,17 @@ func openBulk(path string, o Options) (*bulkConn, error) {
 	return b, nil
 }
 
-// errorf describes a failed call with SQLite's message for the connection.
+// errorf describes a failed call with SQLite's message for the connection;
+// the error keeps the result code (classify tells damage by it).
 func (b *bulkConn) errorf(what string, rc int32) error {
 	msg := ""
 	if b.db != 0 {
 		msg = libc.GoString(sqlite3.Xsqlite3_errmsg(b.tls, b.db))
+		if ext := sqlite3.Xsqlite3_extended_errcode(b.tls, b.db); ext&0xff == rc&0xff {
+			rc = ext
+		}
 	}
-	return fmt.Errorf("%s %s: sqlite error %d: %s", what, b.path, rc, msg)
+	return &sqliteError{rc: rc, msg: fmt.Sprintf("%s %s: sqlite error %d: %s", what, b.path, rc, msg)}
 }
 
 func (b *bulkConn) exec(sql string) error {
@@ -125,9 +136,10 @@ func (b *bulkConn) reserve(n int) error {
 	return nil
 }
 
-// write inserts rows into table in the given order in one transaction and
-// records newest as the file's last epoch when it moved.
-func (b *bulkConn) write(table string, rows []rowbatch.Row, order []int32, groups int, newest int64, moved bool) (err error) {
+// write inserts rows into table in the given order in one transaction and,
+// when meta is not nil, records the file's metadata (its last epoch moved)
+// in the same transaction.
+func (b *bulkConn) write(table string, rows []rowbatch.Row, order []int32, groups int, meta map[string]string) (err error) {
 	full, err := b.cached(insertSQL(table, rowsPerInsert))
 	if err != nil {
 		return err
@@ -156,16 +168,20 @@ func (b *bulkConn) write(table string, rows []rowbatch.Row, order []int32, group
 			return err
 		}
 	}
-	if moved {
-		if err := b.exec(`UPDATE meta SET value = '` + strconv.FormatInt(newest, 10) + `' WHERE name = 'last_epoch'`); err != nil {
+	for k, v := range meta {
+		// The values are numbers and the names constants; nothing to quote.
+		if _, err := strconv.ParseInt(v, 10, 64); err != nil {
+			return fmt.Errorf("write metadata %s=%q to %s: not a number", k, v, b.path)
+		}
+		if err := b.exec(`UPDATE meta SET value = '` + v + `' WHERE name = '` + k + `'`); err != nil {
 			return err
 		}
 	}
 	return b.exec("COMMIT")
 }
 
-// bindAndStep binds the rows of chunk to st's parameters (five per row)
-// and executes it.
+// bindAndStep binds the rows of chunk to st's parameters (six per row, the
+// last the row's checksum) and executes it.
 func (b *bulkConn) bindAndStep(st uintptr, rows []rowbatch.Row, chunk []int32, groups int) error {
 	need := 0
 	for _, i := range chunk {
@@ -185,10 +201,13 @@ func (b *bulkConn) bindAndStep(st uintptr, rows []rowbatch.Row, chunk []int32, g
 	}
 	for j, i := range chunk {
 		r := &rows[i]
-		p := int32(j*5 + 1)
+		p := int32(j*rowParams + 1)
+		group := int64(keygroup.Of(r.Key, groups))
+		sum := rowCRC(strBytes(r.StepID), strBytes(r.Key), r.Epoch, group, r.Deleted, r.Value)
 		rc := text(p, r.StepID) | text(p+1, r.Key) |
 			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+2, r.Epoch) |
-			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+3, int64(keygroup.Of(r.Key, groups)))
+			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+3, group) |
+			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+5, int64(sum))
 		if r.Deleted {
 			rc |= sqlite3.Xsqlite3_bind_null(b.tls, st, p+4)
 		} else {
@@ -211,10 +230,17 @@ func (b *bulkConn) bindAndStep(st uintptr, rows []rowbatch.Row, chunk []int32, g
 // scanStep appends to p the rows of step with key after (or at, when
 // inclusive) and epoch < before, optionally within a key-group range, in
 // key and epoch order, keeping only the newest version of each key; it
-// reads at most limit rows and returns how many it read.
-func (b *bulkConn) scanStep(p *page, step, after string, inclusive bool, before int64, groups *keygroup.Range, limit int, withRecent bool) (int, error) {
+// reads at most limit rows and returns how many it read. Every row read is
+// checked against its checksum (f.checkRow) and must come after the one
+// before it in (key, epoch, table) order: a b-tree whose child pointer was
+// damaged into another page returns rows twice or out of order.
+func (b *bulkConn) scanStep(p *page, f *File, step, after string, inclusive bool, before int64, groups *keygroup.Range, limit int) (int, error) {
+	crcCol := "crc"
+	if f.legacy {
+		crcCol = "0"
+	}
 	arm := func(table, src string) string {
-		q := `SELECT state_key, epoch, value IS NULL, value, ` + src + ` FROM ` + table + ` WHERE step_id = ?1 AND state_key `
+		q := `SELECT state_key, epoch, value IS NULL, value, ` + src + `, key_group, ` + crcCol + ` FROM ` + table + ` WHERE step_id = ?1 AND state_key `
 		if inclusive {
 			q += `>= ?2`
 		} else {
@@ -227,7 +253,7 @@ func (b *bulkConn) scanStep(p *page, step, after string, inclusive bool, before 
 		return q
 	}
 	q := arm("snaps", "0")
-	if withRecent {
+	if f.hasRecent {
 		// SQLite merges the two ordered arms; for one (key, epoch) in both
 		// tables the recent row comes last and wins, being the newer write.
 		q += ` UNION ALL ` + arm("recent", "1")
@@ -251,6 +277,11 @@ func (b *bulkConn) scanStep(p *page, step, after string, inclusive bool, before 
 	if rc != sqlite3.SQLITE_OK {
 		return 0, b.errorf("bind scan of", rc)
 	}
+	stepBytes := []byte(step)
+	// The previous row read is always p's last entry: rows come in order,
+	// and each replaces its key's older version.
+	var prevKey []byte
+	prevEpoch, prevSrc, havePrev := int64(0), int64(0), false
 	read := 0
 	for {
 		switch rc := sqlite3.Xsqlite3_step(b.tls, st); rc {
@@ -264,16 +295,30 @@ func (b *bulkConn) scanStep(p *page, step, after string, inclusive bool, before 
 		key := b.columnBytes(st, 0, false)
 		epoch := sqlite3.Xsqlite3_column_int64(b.tls, st, 1)
 		deleted := sqlite3.Xsqlite3_column_int64(b.tls, st, 2) != 0
+		src := sqlite3.Xsqlite3_column_int64(b.tls, st, 4)
 		var val []byte
 		if !deleted {
 			val = b.columnBytes(st, 3, true)
 		}
+		if err := f.checkRow(stepBytes, key, epoch, sqlite3.Xsqlite3_column_int64(b.tls, st, 5), deleted, val,
+			sqlite3.Xsqlite3_column_int64(b.tls, st, 6)); err != nil {
+			return read, err
+		}
+		sameKey := havePrev && string(prevKey) == string(key)
+		if havePrev {
+			c := bytes.Compare(key, prevKey)
+			if c < 0 || (c == 0 && (epoch < prevEpoch || (epoch == prevEpoch && src <= prevSrc))) {
+				return read, damagedf(b.path, "step %q key %q epoch %d read after key %q epoch %d (rows out of order)", step, key, epoch, prevKey, prevEpoch)
+			}
+		}
 		// Versions of one key are adjacent, oldest first: each replaces
 		// the previous, so only the newest stays.
-		if n := len(p.starts); n > 0 && string(p.key(n-1)) == string(key) {
+		if sameKey {
 			p.dropLast()
 		}
 		p.add(key, epoch, val, deleted)
+		prevKey = p.key(len(p.starts) - 1)
+		prevEpoch, prevSrc, havePrev = epoch, src, true
 	}
 }
 
@@ -288,8 +333,10 @@ func (b *bulkConn) fold() (moved int64, err error) {
 			b.exec("ROLLBACK")
 		}
 	}()
-	if err := b.exec(`INSERT OR REPLACE INTO snaps (step_id, state_key, epoch, key_group, value)
-		SELECT step_id, state_key, epoch, key_group, value FROM recent ORDER BY step_id, state_key, epoch`); err != nil {
+	// Rows move with their checksums: a row damaged in recent stays
+	// detectably damaged in snaps.
+	if err := b.exec(`INSERT OR REPLACE INTO snaps (step_id, state_key, epoch, key_group, value, crc)
+		SELECT step_id, state_key, epoch, key_group, value, crc FROM recent ORDER BY step_id, state_key, epoch`); err != nil {
 		return 0, err
 	}
 	moved = sqlite3.Xsqlite3_changes64(b.tls, b.db)

@@ -21,7 +21,8 @@ import (
 )
 
 // ErrNotSnapshotFile is wrapped when a file is not a readable snapshot file
-// (not SQLite, damaged, or missing the schema).
+// (not SQLite, or missing the schema). A file whose bytes were damaged is
+// reported with ErrDamaged instead, when that can be told.
 var ErrNotSnapshotFile = errors.New("not a millpond snapshot file")
 
 const schema = `
@@ -32,6 +33,7 @@ CREATE TABLE snaps (
 	epoch     INTEGER NOT NULL,
 	key_group INTEGER NOT NULL,
 	value     BLOB,   -- NULL records a deletion
+	crc       INTEGER NOT NULL, -- rowCRC of the other columns
 	PRIMARY KEY (step_id, state_key, epoch)
 ) WITHOUT ROWID;
 `
@@ -51,6 +53,7 @@ CREATE TABLE IF NOT EXISTS recent (
 	epoch     INTEGER NOT NULL,
 	key_group INTEGER NOT NULL,
 	value     BLOB,
+	crc       INTEGER NOT NULL,
 	PRIMARY KEY (step_id, state_key, epoch)
 ) WITHOUT ROWID;
 `
@@ -72,6 +75,9 @@ type Options struct {
 	Segment bool
 	// CacheMiB is SQLite's page cache size; 0 picks a default.
 	CacheMiB int
+	// ReadOnly opens an existing file without writing to it (Verify on a
+	// connection of its own beside the writer). Writes fail.
+	ReadOnly bool
 	// LargePages creates a segment with large pages (LargePageSize): for
 	// one known to hold many rows, which it then writes and reads faster
 	// (a 100k-row segment wrote 20-30% faster than with small pages).
@@ -99,6 +105,9 @@ type File struct {
 	recentRows int64
 	// hasIndex tells that snaps has its epoch index (local stores only).
 	hasIndex bool
+	// legacy tells that the file is of LegacyFormatVersion: rows without
+	// checksums, read but never written.
+	legacy bool
 }
 
 // cacheMiB is the page cache size each connection to the file gets.
@@ -110,6 +119,12 @@ func cacheMiB(o Options) int {
 }
 
 func dsn(path string, o Options) string {
+	if o.ReadOnly {
+		// Nothing that would write: journal mode and vacuum settings
+		// are the file's already.
+		return fmt.Sprintf("file:%s?mode=ro&_pragma=busy_timeout(5000)&_pragma=cache_size(-%d)&_pragma=temp_store(MEMORY)",
+			path, cacheMiB(o)*1024)
+	}
 	q := []string{
 		"_pragma=busy_timeout(5000)",
 		fmt.Sprintf("_pragma=cache_size(-%d)", cacheMiB(o)*1024),
@@ -147,16 +162,31 @@ func openDB(path string, o Options) (*sql.DB, error) {
 }
 
 // Create makes a new snapshot file at path with meta. It fails if the file
-// exists.
+// exists. The file is readable by its owner only (0600, narrowed by the
+// umask), and so are its journals: SQLite gives them the file's mode.
 func Create(ctx context.Context, path string, meta Meta, o Options) (*File, error) {
-	if _, err := os.Stat(path); err == nil {
+	if err := keygroup.Validate(meta.KeyGroupCount, meta.WorkerIndex, meta.WorkerCount); err != nil {
+		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
+	}
+	if o.ReadOnly {
+		return nil, fmt.Errorf("create snapshot file %s: cannot create read-only", path)
+	}
+	// Created here rather than by SQLite, which would use 0644: state is
+	// nobody else's business. An empty file is an empty database to it.
+	fh, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, os.ErrExist) {
 		return nil, fmt.Errorf("create snapshot file %s: already exists", path)
 	}
-	if err := keygroup.Validate(meta.KeyGroupCount, meta.WorkerIndex, meta.WorkerCount); err != nil {
+	if err != nil {
+		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
+	}
+	if err := fh.Close(); err != nil {
+		os.Remove(path)
 		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
 	}
 	db, err := openDB(path, o)
 	if err != nil {
+		os.Remove(path)
 		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
 	}
 	f := &File{db: db, path: path, meta: meta, opts: o}
@@ -193,7 +223,7 @@ func (f *File) init(ctx context.Context) error {
 		}
 		f.hasRecent = true
 	}
-	for k, v := range f.meta.fields() {
+	for k, v := range f.meta.fieldsWithCRC() {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO meta (name, value) VALUES (?, ?)`, k, v); err != nil {
 			return err
 		}
@@ -203,7 +233,9 @@ func (f *File) init(ctx context.Context) error {
 
 // Open opens an existing snapshot file and reads its metadata. A file that
 // is not SQLite, lacks the schema or has unknown metadata is refused with an
-// error wrapping ErrNotSnapshotFile.
+// error wrapping ErrNotSnapshotFile; one that SQLite finds malformed, or
+// whose metadata does not match its checksum, with an error wrapping
+// ErrDamaged.
 func Open(ctx context.Context, path string, o Options) (*File, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -220,18 +252,54 @@ func Open(ctx context.Context, path string, o Options) (*File, error) {
 		return nil, fmt.Errorf("open snapshot file %s: %w", path, err)
 	}
 	f := &File{db: db, path: path, opts: o}
-	meta, err := f.readMeta(ctx)
-	if err != nil {
+	refuse := func(err error) (*File, error) {
 		db.Close()
+		if err = classify(path, "open", err); errors.Is(err, ErrDamaged) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("open snapshot file %s: %w: %v", path, ErrNotSnapshotFile, err)
 	}
-	f.meta = meta
+	meta, legacy, err := f.readMeta(ctx)
+	if err != nil {
+		return refuse(err)
+	}
+	f.meta, f.legacy = meta, legacy
 	if err := f.findRecent(ctx); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("open snapshot file %s: %w: %v", path, ErrNotSnapshotFile, err)
+		return refuse(err)
+	}
+	if err := f.checkColumns(ctx); err != nil {
+		return refuse(err)
 	}
 	return f, nil
 }
+
+// checkColumns makes sure a file of FormatVersion has the crc column its
+// metadata promises: a damaged schema must not pass for rows without
+// checksums, nor fail later as a mere SQL error.
+func (f *File) checkColumns(ctx context.Context) error {
+	if f.legacy {
+		return nil
+	}
+	tables := []string{"snaps"}
+	if f.hasRecent {
+		tables = append(tables, "recent")
+	}
+	for _, t := range tables {
+		rows, err := f.db.QueryContext(ctx, `SELECT step_id, state_key, epoch, key_group, value, crc FROM `+t+` LIMIT 0`)
+		if err != nil {
+			if err = classify(f.path, "open", err); errors.Is(err, ErrDamaged) {
+				return err
+			}
+			return damagedf(f.path, "table %s does not have the columns of format %s: %v", t, FormatVersion, err)
+		}
+		rows.Close()
+	}
+	return nil
+}
+
+// RowChecksums reports whether the file's rows carry checksums: false for
+// a file of LegacyFormatVersion, which is read as it is and never written.
+func (f *File) RowChecksums() bool { return !f.legacy }
 
 // buffered tells whether small writes go through the recent table: local
 // stores only; segments are written once, in one batch.
@@ -275,30 +343,34 @@ func checkHeader(path string) error {
 	return nil
 }
 
-func (f *File) readMeta(ctx context.Context) (Meta, error) {
+func (f *File) readMeta(ctx context.Context) (Meta, bool, error) {
 	rows, err := f.db.QueryContext(ctx, `SELECT name, value FROM meta`)
 	if err != nil {
-		return Meta{}, err
+		return Meta{}, false, err
 	}
 	defer rows.Close()
 	fields := map[string]string{}
 	for rows.Next() {
 		var k, v string
 		if err := rows.Scan(&k, &v); err != nil {
-			return Meta{}, err
+			return Meta{}, false, err
 		}
 		fields[k] = v
 	}
 	if err := rows.Err(); err != nil {
-		return Meta{}, err
+		return Meta{}, false, err
 	}
 	// Touch the rows table so a file with metadata but no data table fails
 	// here rather than at first use.
 	var n int
 	if err := f.db.QueryRowContext(ctx, `SELECT count(*) FROM (SELECT 1 FROM snaps LIMIT 1)`).Scan(&n); err != nil {
-		return Meta{}, err
+		return Meta{}, false, err
 	}
-	return metaFromFields(fields)
+	m, legacy, err := metaFromFields(fields)
+	if errors.Is(err, errBadMetaCRC) {
+		return Meta{}, false, damagedf(f.path, "metadata: %v", err)
+	}
+	return m, legacy, err
 }
 
 // Path returns the file's path.
@@ -310,20 +382,39 @@ func (f *File) Meta() Meta { return f.meta }
 // UpdateMeta rewrites the metadata (for example a new execution number or
 // a segment's epoch range).
 func (f *File) UpdateMeta(ctx context.Context, meta Meta) error {
+	if err := f.writable(); err != nil {
+		return fmt.Errorf("update metadata: %w", err)
+	}
+	fail := func(err error) error {
+		return classify(f.path, "update metadata", fmt.Errorf("update metadata of %s: %w", f.path, err))
+	}
 	tx, err := f.db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("update metadata of %s: %w", f.path, err)
+		return fail(err)
 	}
 	defer tx.Rollback()
-	for k, v := range meta.fields() {
+	for k, v := range meta.fieldsWithCRC() {
 		if _, err := tx.ExecContext(ctx, `INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)`, k, v); err != nil {
-			return fmt.Errorf("update metadata of %s: %w", f.path, err)
+			return fail(err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("update metadata of %s: %w", f.path, err)
+		return fail(err)
 	}
 	f.meta = meta
+	return nil
+}
+
+// writable refuses writes to a file that must not get any: one opened
+// read-only, or one of LegacyFormatVersion (rows written there would lack
+// the checksums every reader of the current format expects).
+func (f *File) writable() error {
+	switch {
+	case f.opts.ReadOnly:
+		return fmt.Errorf("%s is open read-only", f.path)
+	case f.legacy:
+		return fmt.Errorf("%s was written by an older version without row checksums (format %s) and is read-only", f.path, LegacyFormatVersion)
+	}
 	return nil
 }
 
@@ -334,7 +425,7 @@ func (f *File) Close() error {
 		f.db.Close()
 		return err
 	}
-	if !f.opts.Segment {
+	if !f.opts.Segment && !f.opts.ReadOnly {
 		// Best effort: a failed checkpoint leaves a valid WAL behind.
 		f.db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
 	}

@@ -3,7 +3,6 @@ package snapfile
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"math"
 
@@ -13,40 +12,73 @@ import (
 
 // Get returns the newest row for (step, key) with epoch < before (before <=
 // 0: no bound). found is false when the key has no row; a deletion is
-// returned as a row with Deleted set.
+// returned as a row with Deleted set. Every version of the key is read and
+// checked, not only the newest, so a version whose epoch was damaged into
+// an older one is found rather than skipped; a row that fails its
+// checksum or comes out of order is an error wrapping ErrDamaged.
 func (f *File) Get(ctx context.Context, step, key string, before int64) (row rowbatch.Row, found bool, err error) {
 	if before <= 0 {
 		before = math.MaxInt64
 	}
-	var val []byte
-	var isNull bool
-	q := `SELECT epoch, value, value IS NULL FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3
-		ORDER BY epoch DESC LIMIT 1`
+	crcCol := "crc"
+	if f.legacy {
+		crcCol = "0"
+	}
+	q := `SELECT epoch, key_group, value, value IS NULL, ` + crcCol + `, 0 FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3`
 	if f.hasRecent {
 		// The recent row wins a tie on epoch: it is the newer write.
-		q = `SELECT epoch, value, value IS NULL, 0 FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3
-			UNION ALL SELECT epoch, value, value IS NULL, 1 FROM recent WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3
-			ORDER BY 1 DESC, 4 DESC LIMIT 1`
+		q += ` UNION ALL SELECT epoch, key_group, value, value IS NULL, ` + crcCol + `, 1 FROM recent WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3`
 	}
-	var src int
-	dest := []any{&row.Epoch, &val, &isNull}
-	if f.hasRecent {
-		dest = append(dest, &src)
+	q += ` ORDER BY 1, 6`
+	fail := func(err error) (rowbatch.Row, bool, error) {
+		return rowbatch.Row{}, false, classify(f.path, fmt.Sprintf("get %s/%q", step, key), fmt.Errorf("get %s/%q from %s: %w", step, key, f.path, err))
 	}
-	err = f.db.QueryRowContext(ctx, q, step, key, before).Scan(dest...)
-	if errors.Is(err, sql.ErrNoRows) {
-		return rowbatch.Row{}, false, nil
-	}
+	rows, err := f.db.QueryContext(ctx, q, step, key, before)
 	if err != nil {
-		return rowbatch.Row{}, false, fmt.Errorf("get %s/%q from %s: %w", step, key, f.path, err)
+		return fail(err)
 	}
-	row.StepID, row.Key = step, key
-	row.Deleted = isNull
-	if !isNull && val == nil {
-		val = []byte{}
+	defer rows.Close()
+	prevEpoch, prevSrc := int64(math.MinInt64), 0
+	for rows.Next() {
+		var epoch, group, sum int64
+		var val []byte
+		var isNull bool
+		var src int
+		if err := rows.Scan(&epoch, &group, &val, &isNull, &sum, &src); err != nil {
+			return fail(err)
+		}
+		if epoch < prevEpoch || (epoch == prevEpoch && src <= prevSrc) {
+			return rowbatch.Row{}, false, damagedf(f.path, "step %q key %q: epoch %d read after epoch %d (rows out of order)", step, key, epoch, prevEpoch)
+		}
+		prevEpoch, prevSrc = epoch, src
+		if err := f.checkRow(strBytes(step), strBytes(key), epoch, group, isNull, val, sum); err != nil {
+			return rowbatch.Row{}, false, err
+		}
+		row = rowbatch.Row{StepID: step, Key: key, Epoch: epoch, Deleted: isNull}
+		if !isNull {
+			if val == nil {
+				val = []byte{}
+			}
+			row.Value = val
+		}
+		found = true
 	}
-	row.Value = val
-	return row, true, nil
+	if err := rows.Err(); err != nil {
+		return fail(err)
+	}
+	return row, found, nil
+}
+
+// checkRow compares a row read back with its stored checksum (files of
+// LegacyFormatVersion have none) and with the key group its key hashes to.
+func (f *File) checkRow(step, key []byte, epoch, group int64, deleted bool, val []byte, stored int64) error {
+	if f.legacy {
+		return nil
+	}
+	if got := rowCRC(step, key, epoch, group, deleted, val); int64(got) != stored {
+		return damagedf(f.path, "step %q key %q epoch %d: row checksum mismatch (stored %#x, computed %#x)", step, key, epoch, stored, got)
+	}
+	return nil
 }
 
 // ScanOptions select what Scan returns.
@@ -146,12 +178,12 @@ func (f *File) stepAtOrAfter(ctx context.Context, from string) (string, error) {
 			UNION ALL SELECT min(step_id) FROM recent WHERE step_id >= ?1)`
 	}
 	if err := f.db.QueryRowContext(ctx, q, from).Scan(&step); err != nil {
-		return "", fmt.Errorf("scan %s: %w", f.path, err)
+		return "", classify(f.path, "scan", fmt.Errorf("scan %s: %w", f.path, err))
 	}
 	// A damaged b-tree can answer with a smaller step id, and the walks
 	// over steps would then never end.
 	if step.Valid && step.String < from {
-		return "", fmt.Errorf("scan %s: %w: damaged index: step %q returned for step ids >= %q", f.path, ErrNotSnapshotFile, step.String, from)
+		return "", damagedf(f.path, "damaged index: step %q returned for step ids >= %q", step.String, from)
 	}
 	return step.String, nil
 }
@@ -175,9 +207,9 @@ func (f *File) scanStepPage(ctx context.Context, o ScanOptions, step string, cur
 		return nil, after, false, fmt.Errorf("scan %s: %w", f.path, err)
 	}
 	p = &page{}
-	read, err := b.scanStep(p, step, after, !cur.After, before, o.Groups, limit, f.hasRecent)
+	read, err := b.scanStep(p, f, step, after, !cur.After, before, o.Groups, limit)
 	if err != nil {
-		return nil, after, false, err
+		return nil, after, false, classify(f.path, "scan", err)
 	}
 	// The rows read, not the keys kept, tell whether the page was cut short.
 	full = read == limit
@@ -203,7 +235,7 @@ func (f *File) scanStepPage(ctx context.Context, o ScanOptions, step string, cur
 	// A full page must move the cursor forward; on a damaged b-tree it
 	// might not, and the scan would then read the same page forever.
 	if full && (lastKey < after || (lastKey == after && cur.After)) {
-		return nil, after, false, fmt.Errorf("scan %s: %w: damaged index: step %q key %q read after %q", f.path, ErrNotSnapshotFile, step, lastKey, after)
+		return nil, after, false, damagedf(f.path, "damaged index: step %q key %q read after %q", step, lastKey, after)
 	}
 	return p, lastKey, full, nil
 }
@@ -267,7 +299,7 @@ func (f *File) Stats(ctx context.Context) (Stats, error) {
 	err := f.db.QueryRowContext(ctx, `SELECT count(*), count(*) - count(value), coalesce(sum(length(value)), 0),
 		min(epoch), max(epoch) FROM `+from).Scan(&s.Rows, &s.Deletions, &s.ValueBytes, &minE, &maxE)
 	if err != nil {
-		return Stats{}, fmt.Errorf("stats of %s: %w", f.path, err)
+		return Stats{}, classify(f.path, "stats", fmt.Errorf("stats of %s: %w", f.path, err))
 	}
 	s.MinEpoch, s.MaxEpoch = minE.Int64, maxE.Int64
 	return s, nil

@@ -14,8 +14,12 @@ import (
 
 // rowsPerInsert is how many rows one INSERT statement carries: enough to
 // amortize the statement cost, few enough to stay under SQLite's variable
-// limit (5 variables a row).
+// limit (rowParams variables a row).
 const rowsPerInsert = 256
+
+// rowParams is how many values a row binds: its five columns and its
+// checksum.
+const rowParams = 6
 
 // Write stores rows in one transaction, sorted by (step, key, epoch) so the
 // B-tree is filled in order. A row for an existing (step, key, epoch)
@@ -33,6 +37,14 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("write %d rows to %s: %w", len(rows), f.path, err)
 	}
+	if err := f.writable(); err != nil {
+		return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
+	}
+	n, err := f.write(ctx, rows, newest)
+	return n, classify(f.path, "write", err)
+}
+
+func (f *File) write(ctx context.Context, rows []rowbatch.Row, newest int64) (int, error) {
 	order := sortedOrder(rows)
 	b, err := f.rawConn()
 	if err != nil {
@@ -71,7 +83,14 @@ func (f *File) Write(ctx context.Context, rows []rowbatch.Row) (int, error) {
 			}
 		}
 	}
-	if err := b.write(table, rows, order, f.meta.KeyGroupCount, newest, newest != f.meta.LastEpoch); err != nil {
+	var meta map[string]string
+	if newest != f.meta.LastEpoch {
+		m := f.meta
+		m.LastEpoch = newest
+		all := m.fieldsWithCRC()
+		meta = map[string]string{"last_epoch": all["last_epoch"], metaCRCField: all[metaCRCField]}
+	}
+	if err := b.write(table, rows, order, f.meta.KeyGroupCount, meta); err != nil {
 		return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
 	}
 	f.meta.LastEpoch = newest
@@ -121,8 +140,11 @@ func (f *File) EnsureIndex(ctx context.Context) error {
 	if !f.IndexPending() {
 		return nil
 	}
+	if err := f.writable(); err != nil {
+		return fmt.Errorf("index: %w", err)
+	}
 	if _, err := f.db.ExecContext(ctx, epochIndex); err != nil {
-		return fmt.Errorf("index %s: %w", f.path, err)
+		return classify(f.path, "index", fmt.Errorf("index %s: %w", f.path, err))
 	}
 	f.hasIndex = true
 	return nil
@@ -148,13 +170,16 @@ func (f *File) FoldRecent(ctx context.Context) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("fold %s: %w", f.path, err)
 	}
+	if err := f.writable(); err != nil {
+		return 0, fmt.Errorf("fold: %w", err)
+	}
 	b, err := f.rawConn()
 	if err != nil {
-		return 0, fmt.Errorf("fold %s: %w", f.path, err)
+		return 0, classify(f.path, "fold", fmt.Errorf("fold %s: %w", f.path, err))
 	}
 	n, err := b.fold()
 	if err != nil {
-		return 0, fmt.Errorf("fold: %w", err)
+		return 0, classify(f.path, "fold", fmt.Errorf("fold: %w", err))
 	}
 	f.recentRows = 0
 	return n, nil
@@ -284,12 +309,12 @@ const parallelSortRows = 1 << 16
 
 func insertSQL(table string, n int) string {
 	var b strings.Builder
-	b.WriteString(`INSERT OR REPLACE INTO ` + table + ` (step_id, state_key, epoch, key_group, value) VALUES `)
+	b.WriteString(`INSERT OR REPLACE INTO ` + table + ` (step_id, state_key, epoch, key_group, value, crc) VALUES `)
 	for i := 0; i < n; i++ {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString("(?,?,?,?,?)")
+		b.WriteString("(?,?,?,?,?,?)")
 	}
 	return b.String()
 }
@@ -297,6 +322,14 @@ func insertSQL(table string, n int) string {
 // DeleteFrom removes every row with epoch >= epoch: the rollback of epochs
 // that never committed. It returns how many rows went.
 func (f *File) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
+	n, err := f.deleteFrom(ctx, epoch)
+	return n, classify(f.path, fmt.Sprintf("roll back to before epoch %d", epoch), err)
+}
+
+func (f *File) deleteFrom(ctx context.Context, epoch int64) (int64, error) {
+	if err := f.writable(); err != nil {
+		return 0, fmt.Errorf("roll back to before epoch %d: %w", epoch, err)
+	}
 	if err := f.EnsureIndex(ctx); err != nil {
 		return 0, fmt.Errorf("roll back %s to before epoch %d: %w", f.path, epoch, err)
 	}
@@ -328,9 +361,12 @@ func (f *File) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
 // whole state (nothing older for a deletion to hide) and is about to
 // become a local store. It returns how many went.
 func (f *File) DropDeletions(ctx context.Context) (int64, error) {
+	if err := f.writable(); err != nil {
+		return 0, fmt.Errorf("drop deletions: %w", err)
+	}
 	res, err := f.db.ExecContext(ctx, `DELETE FROM snaps WHERE value IS NULL`)
 	if err != nil {
-		return 0, fmt.Errorf("drop deletions from %s: %w", f.path, err)
+		return 0, classify(f.path, "drop deletions", fmt.Errorf("drop deletions from %s: %w", f.path, err))
 	}
 	n, _ := res.RowsAffected()
 	return n, nil
@@ -348,6 +384,9 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
 	}
+	if err := f.writable(); err != nil {
+		return 0, fmt.Errorf("gc: %w", err)
+	}
 	// Supersessors may wait in the recent table: GC works on snaps, and
 	// finds what was written through the epoch index.
 	if _, err := f.FoldRecent(ctx); err != nil {
@@ -358,14 +397,14 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	}
 	b, err := f.rawConn()
 	if err != nil {
-		return 0, fmt.Errorf("gc %s: %w", f.path, err)
+		return 0, classify(f.path, "gc", fmt.Errorf("gc %s: %w", f.path, err))
 	}
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
 	}
 	n, err := b.gc(ctx, since, committed)
 	if err != nil {
-		return 0, fmt.Errorf("gc: %w", err)
+		return 0, classify(f.path, "gc", fmt.Errorf("gc: %w", err))
 	}
 	return n, nil
 }
@@ -382,9 +421,14 @@ const reclaimFraction = 8
 // many pages went. Files created before incremental auto-vacuum was turned
 // on keep their pages.
 func (f *File) Reclaim(ctx context.Context, all bool) (int64, error) {
-	if f.opts.Segment {
+	if f.opts.Segment || f.writable() != nil {
 		return 0, nil
 	}
+	n, err := f.reclaim(ctx, all)
+	return n, classify(f.path, "reclaim", err)
+}
+
+func (f *File) reclaim(ctx context.Context, all bool) (int64, error) {
 	var pages, free int64
 	if err := f.db.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages); err != nil {
 		return 0, fmt.Errorf("reclaim %s: %w", f.path, err)
@@ -453,7 +497,7 @@ func (f *File) walExcess() float64 {
 // Checkpoint folds the WAL back into the file and truncates it.
 func (f *File) Checkpoint(ctx context.Context) error {
 	if _, err := f.db.ExecContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`); err != nil {
-		return fmt.Errorf("checkpoint %s: %w", f.path, err)
+		return classify(f.path, "checkpoint", fmt.Errorf("checkpoint %s: %w", f.path, err))
 	}
 	return nil
 }
@@ -469,7 +513,7 @@ func (f *File) CheckpointPassive(ctx context.Context) error {
 	}
 	defer db.Close()
 	if _, err := db.ExecContext(ctx, `PRAGMA wal_checkpoint(PASSIVE)`); err != nil {
-		return fmt.Errorf("checkpoint %s: %w", f.path, err)
+		return classify(f.path, "checkpoint", fmt.Errorf("checkpoint %s: %w", f.path, err))
 	}
 	return nil
 }
