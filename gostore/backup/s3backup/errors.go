@@ -95,9 +95,9 @@ func (b *S3Backup) explain(err error) error {
 	if errors.As(err, &already) {
 		return err
 	}
-	b.logger.Debug("s3 request failed", "store", b.String(), "err", err)
+	b.logger.Debug("s3 request failed", "store", b.String(), "err", b.mask(err.Error()))
 	explained := func(format string, args ...any) error {
-		return &explainedError{msg: fmt.Sprintf(format, args...), err: err}
+		return &explainedError{msg: b.mask(fmt.Sprintf(format, args...)), err: err}
 	}
 	attempts := ""
 	var maxErr *retry.MaxAttemptsError
@@ -205,7 +205,7 @@ func innermost(err error) string {
 
 func (b *S3Backup) endpointName() string {
 	if b.endpoint != "" {
-		return b.endpoint
+		return b.shown
 	}
 	return "AWS S3 (region " + b.region + ")"
 }
@@ -215,10 +215,19 @@ func (b *S3Backup) endpointName() string {
 // logger at Debug level: they are the SDK's internals, and a failure that
 // matters reaches the caller as an explained error. Left alone, the SDK
 // would write them to the process's stderr as raw "SDK ... WARN" lines.
-func newSDKLogger(debug logFunc) logging.Logger {
+// mask hides the endpoint's password in what the SDK says.
+func newSDKLogger(debug logFunc, mask func(string) string) logging.Logger {
 	return logging.LoggerFunc(func(c logging.Classification, format string, v ...any) {
-		debug("aws sdk: " + strings.ToLower(string(c)) + ": " + fmt.Sprintf(format, v...))
+		debug(mask("aws sdk: " + strings.ToLower(string(c)) + ": " + fmt.Sprintf(format, v...)))
 	})
+}
+
+// mask hides the endpoint's password in s.
+func (b *S3Backup) mask(s string) string {
+	if b.secret == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, b.secret, "xxxxx")
 }
 
 type logFunc func(msg string, args ...any)

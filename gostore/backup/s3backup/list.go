@@ -21,16 +21,24 @@ func (b *S3Backup) List(ctx context.Context, prefix string) ([]backup.ObjectInfo
 		return nil, fmt.Errorf("list %s: %w", b, err)
 	}
 	strip := b.objectKey("")
+	parent := ctx
+	// The deadline is per page: a long listing is many small requests.
+	ctx, ci, done := b.begin(ctx, false, 0)
+	defer done()
 	var out []backup.ObjectInfo
 	pages := s3.NewListObjectsV2Paginator(b.client, &s3.ListObjectsV2Input{
 		Bucket: aws.String(b.bucket),
 		Prefix: aws.String(b.objectKey(prefix)),
 	})
 	for pages.HasMorePages() {
-		page, err := pages.NextPage(ctx)
+		pageCtx, cancel := context.WithTimeoutCause(ctx, b.smallDeadline(), &timeoutError{after: b.timeout})
+		page, err := pages.NextPage(pageCtx)
 		if err != nil {
-			return nil, fmt.Errorf("list %s: %w", b.objectURL(prefix), b.explain(err))
+			err = b.explainCall(parent, pageCtx, ci, err, false)
+			cancel()
+			return nil, fmt.Errorf("list %s: %w", b.objectURL(prefix), err)
 		}
+		cancel()
 		for _, obj := range page.Contents {
 			key, ok := strings.CutPrefix(aws.ToString(obj.Key), strip)
 			if !ok || backup.ValidateKey(key) != nil {

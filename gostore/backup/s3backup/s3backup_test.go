@@ -180,7 +180,7 @@ func TestRetries(t *testing.T) {
 		{"ServiceUnavailableTwiceThenSuccess", 2, 503, "ServiceUnavailable", "", 3},
 		{"SlowDownThrottlingThenSuccess", 2, 503, "SlowDown", "", 3},
 		{"InternalErrorThenSuccess", 1, 500, "InternalError", "", 2},
-		{"PersistentFailureGivesUpAfterMaxAttempts", 100, 503, "ServiceUnavailable", `S3 request for bucket "millpond-test" at {url} failed: ServiceUnavailable: injected (HTTP 503, 5 attempts); the server is failing`, DefaultMaxAttempts},
+		{"PersistentFailureGivesUpAfterMaxAttempts", 100, 503, "ServiceUnavailable", `S3 request for bucket "millpond-test" at {url} failed: ServiceUnavailable: injected (HTTP 503, {n} attempts); the server is failing`, DefaultMaxAttempts},
 		{"AccessDeniedFailsFast", 100, 403, "AccessDenied", `access to bucket "millpond-test" at {url} denied (AccessDenied); check the credentials`, 1},
 	}
 	for _, tt := range tests {
@@ -199,8 +199,9 @@ func TestRetries(t *testing.T) {
 				return
 			}
 			require.Error(t, err)
-			assert.Contains(t, err.Error(), strings.ReplaceAll(tt.wantErr, "{url}", url))
-			want := "upload " + src + " to s3://millpond-test/r/seg/1: " + strings.ReplaceAll(tt.wantErr, "{url}", url)
+			wantErr := strings.NewReplacer("{url}", url, "{n}", fmt.Sprint(DefaultMaxAttempts)).Replace(tt.wantErr)
+			assert.Contains(t, err.Error(), wantErr)
+			want := "upload " + src + " to s3://millpond-test/r/seg/1: " + wantErr
 			assert.True(t, strings.HasPrefix(err.Error(), want), "%q\ndoes not start with\n%q", err.Error(), want)
 			assert.Empty(t, backuptest.Keys(t, b, ""))
 		})
