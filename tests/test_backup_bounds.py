@@ -53,7 +53,6 @@ GIVE_UP_WITHIN = 30.0
 #: A bound on how long a run blocked on a hung request takes to obey a signal.
 SIGNAL_WITHIN = 2.0
 
-EXPECTED = expected_output()
 
 
 @pytest.fixture
@@ -119,7 +118,7 @@ def test_an_endpoint_that_hangs_mid_run_fails_it_and_a_rerun_is_exact(proxy: Fau
     proxy.mode = "forward"
     again = run(argv, d)
     assert again.returncode == 0, f"the rerun against the healthy endpoint: {again}"
-    assert (d / "out.txt").read_text() == EXPECTED, "the rerun's output differs from an uninterrupted run's"
+    assert (d / "out.txt").read_text() == expected_output(), "the rerun's output differs from an uninterrupted run's"
 
 
 def test_an_endpoint_answering_500_fails_the_run_in_bounded_time(proxy: FaultProxy, tmp_path: Path) -> None:

@@ -73,7 +73,6 @@ TEMP_RECORD_GLOB = "mp-record-*"
 KEY = "a-test-key-0123456789abcdef"
 COMMITS_BEFORE_KILL = 4
 
-EXPECTED = expected_output()
 
 
 def _killed(d: Path, env: Dict[str, str] | None = None) -> Path:
@@ -157,7 +156,7 @@ def _rerun_after_local_damage(d: Path, what: str) -> List[str]:
     argv = run_argv()
     first = run(argv, d)
     if first.returncode == 0:
-        if _out(d) != EXPECTED:
+        if _out(d) != expected_output():
             return [f"{what}: exit 0 with an output that differs from an uninterrupted run's (silently wrong)"]
         return []
     if LOCAL_DAMAGED not in first.stderr:
@@ -168,7 +167,7 @@ def _rerun_after_local_damage(d: Path, what: str) -> List[str]:
     problems = []
     if FULL_RESUME not in second.stderr:
         problems.append(f"{what}: the rerun after {LOCAL_DAMAGED!r} did not do a {FULL_RESUME!r}")
-    if _out(d) != EXPECTED:
+    if _out(d) != expected_output():
         problems.append(f"{what}: the rerun after {LOCAL_DAMAGED!r} wrote a different output")
     return problems
 
@@ -206,7 +205,7 @@ def test_a_bit_flipped_in_a_committed_backup_object_is_refused_by_name(plain_bas
         obj = d / "BACKUP" / key
         bitflip.flip_bit(obj, rng.randrange(obj.stat().st_size), rng.randrange(8))
         res = run(run_argv(), d)
-        assert not (res.returncode == 0 and _out(d) != EXPECTED), f"seed {seed}: exit 0 with a wrong output"
+        assert not (res.returncode == 0 and _out(d) != expected_output()), f"seed {seed}: exit 0 with a wrong output"
         assert res.returncode != 0, f"seed {seed}: a flipped bit in {key} went unnoticed: {res}"
         assert CORRUPT_OBJECT in res.stderr and key in res.stderr, f"seed {seed}: want {CORRUPT_OBJECT!r} naming {key}: {res}"
 
@@ -242,7 +241,7 @@ def test_an_emptied_backup_is_refused_and_the_local_state_is_kept(plain_base: Pa
     again = run(argv, d)
     assert again.returncode == 0, f"after removing {local / FLOW_ID} the run must start over: {again}"
     assert "resume epoch 1," in again.stderr, f"the run did not start over from epoch 1: {again}"
-    assert _out(d) == EXPECTED
+    assert _out(d) == expected_output()
 
 
 # --- D. racing starts -------------------------------------------------------------------
@@ -366,7 +365,7 @@ def test_a_keyed_run_resumes_normally(keyed_base: Path, tmp_path: Path) -> None:
     d = copy_tree(keyed_base, tmp_path / "run")
     res = run(run_argv(), d, env=_keyed_env())
     assert res.returncode == 0, f"a keyed run did not resume: {res}"
-    assert _out(d) == EXPECTED
+    assert _out(d) == expected_output()
 
 
 def test_an_unkeyed_backup_is_not_trusted_once_a_key_is_set(plain_base: Path, tmp_path: Path) -> None:
@@ -450,5 +449,5 @@ def test_killed_runs_leave_no_record_temp_dirs(tmp_path: Path) -> None:
         left += [f"after kill {i}: {p.name}" for p in tmpdir.glob(TEMP_RECORD_GLOB)]
     final = run(argv, d, env=env)
     assert final.returncode == 0, f"the final run: {final}"
-    assert _out(d) == EXPECTED
+    assert _out(d) == expected_output()
     assert not left, f"{TEMP_RECORD_GLOB} dirs left in TMPDIR: {left}"
