@@ -31,6 +31,12 @@ func (s *Store) runCheckpoints() {
 				// if the next write is whole too, it is never needed.)
 				f.EnsureIndex(ctx)
 			}
+			if f != nil {
+				// A committed epoch no write carried yet reaches disk
+				// here, off the flow's path.
+				s.syncCommitted()
+				f.FlushMeta(ctx)
+			}
 			due := f != nil && f.NeedsCheckpoint()
 			s.mu.Unlock()
 			if !due {
@@ -49,7 +55,9 @@ func (s *Store) runCheckpoints() {
 			}
 			s.passiveMu.Unlock()
 			s.mu.Lock()
-			if f := s.target(); f != nil {
+			if f := s.target(); f != nil && !s.verifying.Load() {
+				// Truncating waits for readers on older snapshots: not
+				// while Verify reads; the next kick does it.
 				f.Checkpoint(ctx)
 			}
 			s.mu.Unlock()
@@ -95,7 +103,9 @@ func (s *Store) maybeCheckpoint() {
 		// A checkpoint is already pending and the WAL kept growing: when
 		// it is twice due, the writer checkpoints itself, which bounds the
 		// WAL however fast writes come.
-		if f.CheckpointOverdue() {
+		// Not while Verify reads: truncating would wait for its reads,
+		// holding the store's mutex.
+		if f.CheckpointOverdue() && !s.verifying.Load() {
 			f.Checkpoint(context.Background())
 		}
 	}

@@ -74,7 +74,8 @@ func copyFile(src, dst string) error {
 		return err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	// Owner-only, as every file holding state.
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return err
 	}
@@ -131,6 +132,8 @@ func (s *Store) adoptStaged(ctx context.Context, epoch int64, staged string, row
 	if _, err := f.DropDeletions(ctx); err != nil {
 		return fail(err)
 	}
+	s.syncCommitted()
+	want = s.file.Meta()
 	want.FirstEpoch, want.LastEpoch, want.GCEpoch = epoch, epoch, epoch
 	if err := f.UpdateMeta(ctx, want); err != nil {
 		return fail(err)
@@ -158,6 +161,7 @@ func (s *Store) startGeneration(ctx context.Context, epoch int64, rows []rowbatc
 	// LastEpoch stays 0 until the rows are in (the write moves it in the
 	// same transaction): a file cut short by a crash is never taken for
 	// a complete generation.
+	s.syncCommitted()
 	meta := s.file.Meta()
 	meta.FirstEpoch, meta.LastEpoch, meta.GCEpoch = epoch, 0, epoch
 	f, err := snapfile.Create(ctx, path, meta, snapfile.Options{})
@@ -197,9 +201,8 @@ func (s *Store) maybePromote(ctx context.Context) error {
 		return nil
 	}
 	wdir := WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex)
-	s.passiveMu.Lock()
+	s.retireFiles()
 	defer s.passiveMu.Unlock()
-	s.fileGen.Add(1)
 	// Both files are closed first: a closed file has its write-ahead log
 	// folded in, and a log must never outlive the file it belongs to.
 	oldErr := s.file.Close()

@@ -79,13 +79,14 @@ func ValidateFlowID(id string) error {
 }
 
 // EnsureDir makes the local state directory dir, with any missing parents,
-// as Kafka Streams and Flink do with theirs. A path that exists and is not
-// a directory is an error that says so.
+// as Kafka Streams and Flink do with theirs. Directories it makes are the
+// owner's only (0700): they hold state. A path that exists and is not a
+// directory is an error that says so.
 func EnsureDir(dir string) error {
 	if st, err := os.Stat(dir); err == nil && !st.IsDir() {
 		return fmt.Errorf("local state directory %s exists and is not a directory; pass a directory (or a path that does not exist yet)", dir)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("local state directory %s: %w", dir, err)
 	}
 	return nil
@@ -143,6 +144,13 @@ type Store struct {
 	// (opening a missing path would create an empty one).
 	passiveMu sync.Mutex
 	fileGen   atomic.Int64
+	// verifyMu serializes Verify; verifyCancel interrupts the running
+	// one (stopVerify) before its files are closed or replaced, and
+	// verifying tells the checkpoints to put off what would wait for its
+	// reads.
+	verifyMu     sync.Mutex
+	verifyCancel atomic.Pointer[context.CancelFunc]
+	verifying    atomic.Bool
 
 	// writeNanos is the time spent in writes, for metrics.
 	writeNanos atomic.Int64
@@ -159,16 +167,22 @@ func Open(ctx context.Context, cfg Config, resumeEpoch int64) (*Store, error) {
 		return nil, fmt.Errorf("open local store: %w", err)
 	}
 	wdir := WorkerDir(cfg.Dir, cfg.FlowID, cfg.WorkerIndex)
-	if err := os.MkdirAll(wdir, 0o755); err != nil {
+	if err := os.MkdirAll(wdir, 0o700); err != nil {
 		return nil, fmt.Errorf("open local store %s: %w", wdir, err)
 	}
 	lk, err := acquireLock(filepath.Join(wdir, "LOCK"))
 	if err != nil {
 		return nil, fmt.Errorf("open local store %s: %w", wdir, err)
 	}
+	if reason, bad := readMarker(wdir); bad {
+		// Whatever the file looks like now, it was found damaged: only a
+		// rebuild (Remove, then Open) makes it trusted again.
+		lk.release()
+		return nil, markedError(wdir, reason)
+	}
 	if err := settle(ctx, wdir, resumeEpoch); err != nil {
 		lk.release()
-		return nil, fmt.Errorf("open local store: %w", err)
+		return nil, damaged(wdir, filepath.Join(wdir, FileName), fmt.Errorf("open local store: %w", err))
 	}
 	s, err := openLocked(ctx, cfg, wdir, resumeEpoch)
 	if err != nil {
@@ -203,12 +217,16 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 		f, err = snapfile.Open(ctx, path, snapfile.Options{})
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open local store: %w", err)
+		return nil, damaged(wdir, path, fmt.Errorf("open local store: %w", err))
 	}
 	got := f.Meta()
 	if err := checkMeta(path, got, want); err != nil {
 		f.Close()
 		return nil, err
+	}
+	if !f.RowChecksums() {
+		f.Close()
+		return nil, errNoChecksums(path)
 	}
 	if resumeEpoch > 0 && resumeEpoch <= got.GCEpoch {
 		f.Close()
@@ -221,7 +239,7 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 		// generations never needs otherwise.
 		if _, err := f.DeleteFrom(ctx, resumeEpoch); err != nil {
 			f.Close()
-			return nil, fmt.Errorf("open local store: %w", err)
+			return nil, damaged(wdir, path, fmt.Errorf("open local store: %w", err))
 		}
 		got.LastEpoch = min(got.LastEpoch, resumeEpoch-1)
 		got.GCEpoch = min(got.GCEpoch, resumeEpoch-1)
@@ -229,12 +247,19 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 	got.Execution = cfg.Execution
 	if err := f.UpdateMeta(ctx, got); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("open local store: %w", err)
+		return nil, damaged(wdir, path, fmt.Errorf("open local store: %w", err))
 	}
 	st := &Store{cfg: cfg, file: f, kick: make(chan struct{}, 1), quit: make(chan struct{}), ckptDone: make(chan struct{})}
 	st.idle = sync.NewCond(&st.asyncMu)
 	go st.runCheckpoints()
 	return st, nil
+}
+
+// errNoChecksums refuses a store written before rows carried checksums:
+// nothing could tell its damaged rows from good ones.
+func errNoChecksums(path string) error {
+	return fmt.Errorf("%w: %s was written by an older version without row checksums and will be rebuilt from the durable store",
+		ErrLayoutChanged, path)
 }
 
 func checkMeta(path string, got, want snapfile.Meta) error {
@@ -254,18 +279,32 @@ func checkMeta(path string, got, want snapfile.Meta) error {
 }
 
 // Inspect reads the metadata of the worker's store without locking it or
-// changing it. It returns os.ErrNotExist (wrapped) when there is none.
+// changing it. It returns os.ErrNotExist (wrapped) when there is none, an
+// error wrapping ErrDamaged when the store is marked damaged or its file
+// is, and one wrapping ErrLayoutChanged when it was written without row
+// checksums.
 func Inspect(ctx context.Context, dir, flowID string, worker int) (snapfile.Meta, error) {
-	path := filepath.Join(WorkerDir(dir, flowID, worker), FileName)
+	wdir := WorkerDir(dir, flowID, worker)
+	path := filepath.Join(wdir, FileName)
+	if _, err := os.Stat(path); err != nil {
+		return snapfile.Meta{}, fmt.Errorf("inspect local store: %w", err)
+	}
+	if reason, bad := readMarker(wdir); bad {
+		return snapfile.Meta{}, markedError(wdir, reason)
+	}
 	f, err := snapfile.Open(ctx, path, snapfile.Options{})
 	if err != nil {
-		return snapfile.Meta{}, err
+		return snapfile.Meta{}, damaged(wdir, path, fmt.Errorf("inspect local store: %w", err))
 	}
 	defer f.Close()
+	if !f.RowChecksums() {
+		return snapfile.Meta{}, errNoChecksums(path)
+	}
 	return f.Meta(), nil
 }
 
-// Remove deletes the worker's store (to rebuild it). It takes the store's
+// Remove deletes the worker's store (to rebuild it), and its damage marker
+// with it. It takes the store's
 // lock first, so a store another run has open is never pulled from under
 // it: that is an ErrLocked error instead.
 func Remove(dir, flowID string, worker int) error {
@@ -281,7 +320,10 @@ func Remove(dir, flowID string, worker int) error {
 	if err := removeStaged(wdir); err != nil {
 		return fmt.Errorf("remove local store %s: %w", wdir, err)
 	}
-	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm", nextFileName, nextFileName + "-wal", nextFileName + "-shm"} {
+	// The marker goes last: a removal cut short leaves it, and the store
+	// is still not trusted.
+	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm", nextFileName, nextFileName + "-wal", nextFileName + "-shm",
+		DamagedFileName + ".tmp", DamagedFileName} {
 		if err := os.Remove(filepath.Join(wdir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove local store %s: %w", wdir, err)
 		}
@@ -289,17 +331,42 @@ func Remove(dir, flowID string, worker int) error {
 	return nil
 }
 
+// retireFiles is how a file behind target() is closed or replaced: a new
+// file generation, so the checkpointer and Verify let go of the old files,
+// then Verify interrupted, then passiveMu taken (the caller unlocks it),
+// which waits until neither has a connection to them open. s.mu is held.
+func (s *Store) retireFiles() {
+	s.fileGen.Add(1)
+	s.stopVerify()
+	s.passiveMu.Lock()
+}
+
 // Config returns the store's config.
 func (s *Store) Config() Config { return s.cfg }
 
-// Meta returns the store's current metadata.
+// Meta returns the store's current metadata. CommittedEpoch includes what
+// NoteCommitted reported and is not on disk yet (see NoteCommitted).
 func (s *Store) Meta() snapfile.Meta {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
 		return snapfile.Meta{}
 	}
-	return s.target().Meta()
+	m := s.target().Meta()
+	m.CommittedEpoch = max(m.CommittedEpoch, s.committed.Load())
+	return m
+}
+
+// syncCommitted hands the epoch NoteCommitted last reported to the open
+// files' metadata, in memory: the next write carries it to disk in its
+// own transaction, GC and Close write it otherwise. s.mu is held.
+func (s *Store) syncCommitted() {
+	c := s.committed.Load()
+	for _, f := range []*snapfile.File{s.file, s.next} {
+		if f != nil {
+			f.NoteCommitted(c)
+		}
+	}
 }
 
 // Path returns the path of the store's snapshot file.
@@ -319,12 +386,15 @@ func (s *Store) Restore(ctx context.Context, rows []rowbatch.Row) (int, error) {
 	if s.file == nil {
 		return 0, errClosed
 	}
-	return s.target().Write(ctx, rows)
+	n, err := s.target().Write(ctx, rows)
+	return n, s.check(err)
 }
 
 // MarkRebuilt records that the store holds every row up to epoch and no
 // superseded version of any of them: a store filled with one row per key
 // (a full resume merges the durable objects so) needs no GC up to epoch.
+// The rebuild is of a committed epoch, so epoch is recorded as the
+// store's CommittedEpoch too.
 func (s *Store) MarkRebuilt(ctx context.Context, epoch int64) error {
 	s.waitIdle()
 	s.mu.Lock()
@@ -336,7 +406,8 @@ func (s *Store) MarkRebuilt(ctx context.Context, epoch int64) error {
 	m := f.Meta()
 	m.LastEpoch = max(m.LastEpoch, epoch)
 	m.GCEpoch = max(m.GCEpoch, epoch)
-	return f.UpdateMeta(ctx, m)
+	m.CommittedEpoch = max(m.CommittedEpoch, epoch, s.committed.Load())
+	return s.check(f.UpdateMeta(ctx, m))
 }
 
 // Get returns the newest row of (step, key); see snapfile.File.Get.
@@ -347,7 +418,8 @@ func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, 
 	if s.file == nil {
 		return rowbatch.Row{}, false, errClosed
 	}
-	return s.target().Get(ctx, step, key, 0)
+	r, ok, err := s.target().Get(ctx, step, key, 0)
+	return r, ok, s.check(err)
 }
 
 // ScanPage returns one page of the newest rows; see snapfile.File.ScanPage.
@@ -360,7 +432,8 @@ func (s *Store) ScanPage(ctx context.Context, o snapfile.ScanOptions, cur snapfi
 	if s.file == nil {
 		return nil, cur, true, errClosed
 	}
-	return s.target().ScanPage(ctx, o, cur)
+	rows, next, done, err := s.target().ScanPage(ctx, o, cur)
+	return rows, next, done, s.check(err)
 }
 
 // ScanPageFlushed is ScanPage without waiting for queued background
@@ -373,7 +446,8 @@ func (s *Store) ScanPageFlushed(ctx context.Context, o snapfile.ScanOptions, cur
 	if s.file == nil {
 		return nil, cur, true, errClosed
 	}
-	return s.target().ScanPage(ctx, o, cur)
+	rows, next, done, err := s.target().ScanPage(ctx, o, cur)
+	return rows, next, done, s.check(err)
 }
 
 // ScanPagePacked is ScanPage returning the page packed; see
@@ -385,7 +459,8 @@ func (s *Store) ScanPagePacked(ctx context.Context, o snapfile.ScanOptions, cur 
 	if s.file == nil {
 		return nil, cur, true, errClosed
 	}
-	return s.target().ScanPagePacked(ctx, o, cur)
+	packed, next, done, err := s.target().ScanPagePacked(ctx, o, cur)
+	return packed, next, done, s.check(err)
 }
 
 // Steps lists the step ids with rows.
@@ -396,7 +471,8 @@ func (s *Store) Steps(ctx context.Context) ([]string, error) {
 	if s.file == nil {
 		return nil, errClosed
 	}
-	return s.target().Steps(ctx)
+	steps, err := s.target().Steps(ctx)
+	return steps, s.check(err)
 }
 
 // Stats counts the store's rows.
@@ -407,7 +483,8 @@ func (s *Store) Stats(ctx context.Context) (snapfile.Stats, error) {
 	if s.file == nil {
 		return snapfile.Stats{}, errClosed
 	}
-	return s.target().Stats(ctx)
+	st, err := s.target().Stats(ctx)
+	return st, s.check(err)
 }
 
 // DeleteFrom rolls back rows at or after epoch.
@@ -418,11 +495,15 @@ func (s *Store) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
 	if s.file == nil {
 		return 0, errClosed
 	}
+	n, err := s.deleteFrom(ctx, epoch)
+	return n, s.check(err)
+}
+
+func (s *Store) deleteFrom(ctx context.Context, epoch int64) (int64, error) {
 	if s.next != nil && s.next.Meta().FirstEpoch >= epoch {
 		// The whole generation is rolled back: drop it, and what the old
 		// file holds from epoch on with it.
-		s.passiveMu.Lock()
-		s.fileGen.Add(1)
+		s.retireFiles()
 		path := s.next.Path()
 		err := s.next.Close()
 		s.next = nil
@@ -451,7 +532,8 @@ func (s *Store) DeleteFrom(ctx context.Context, epoch int64) (int64, error) {
 }
 
 // GC removes rows superseded at or before the committed epoch and records
-// how far it got, so the next GC only looks at newer rows.
+// how far it got, so the next GC only looks at newer rows. It writes the
+// committed epoch NoteCommitted reported to the metadata too.
 func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 	s.waitIdle()
 	s.mu.Lock()
@@ -459,16 +541,22 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 	if s.file == nil {
 		return 0, errClosed
 	}
+	n, err := s.gc(ctx, committed)
+	return n, s.check(err)
+}
+
+func (s *Store) gc(ctx context.Context, committed int64) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("gc %s: %w", s.file.Path(), err)
 	}
 	if err := s.maybePromote(ctx); err != nil {
 		return 0, err
 	}
+	s.syncCommitted()
 	if s.next != nil {
 		// The waiting generation replaces this file, superseded rows
 		// and all, once its epoch commits; it holds none itself.
-		return 0, nil
+		return 0, s.next.FlushMeta(ctx)
 	}
 	m := s.file.Meta()
 	n, err := s.file.GC(ctx, m.GCEpoch, committed)
@@ -479,13 +567,14 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 		return n, err
 	}
 	s.maybeCheckpoint()
+	m = s.file.Meta() // with the committed epoch noted above
 	if committed > m.GCEpoch {
 		m.GCEpoch = committed
 		if err := s.file.UpdateMeta(ctx, m); err != nil {
 			return n, err
 		}
 	}
-	return n, nil
+	return n, s.file.FlushMeta(ctx)
 }
 
 // Close waits for background writes, closes the store and releases its
@@ -510,6 +599,12 @@ func (s *Store) Close() error {
 	if s.file == nil {
 		return nil
 	}
+	// A Verify on its own connection must not keep the files' closing
+	// checkpoints waiting for its reads.
+	s.retireFiles()
+	s.passiveMu.Unlock()
+	// The committed epoch reaches disk as the files close.
+	s.syncCommitted()
 	// A generation whose epoch committed replaces the old file now; one
 	// that is still waiting stays on disk for the next open to settle.
 	perr := s.maybePromote(context.Background())
@@ -519,7 +614,7 @@ func (s *Store) Close() error {
 			s.next = nil
 		}
 		s.lock.release()
-		return perr
+		return s.check(perr)
 	}
 	// Best effort: a store that keeps free pages is still correct.
 	s.target().Reclaim(context.Background(), true)
@@ -532,6 +627,7 @@ func (s *Store) Close() error {
 	if err == nil {
 		err = perr
 	}
+	err = s.check(err)
 	if lerr := s.lock.release(); err == nil {
 		err = lerr
 	}

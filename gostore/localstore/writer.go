@@ -31,7 +31,8 @@ func (s *Store) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
 	if err := s.Flush(); err != nil {
 		return 0, err
 	}
-	return s.write(ctx, b.Epoch, b.Rows)
+	n, err := s.write(ctx, b.Epoch, b.Rows)
+	return n, s.check(err)
 }
 
 // WriteAsync queues b to be written in the background, in order with every
@@ -63,8 +64,11 @@ func (s *Store) StartsGeneration(b rowbatch.Batch) bool {
 }
 
 // NoteCommitted tells the store that epoch is committed, so that a
-// generation waiting for it can replace the old one. It never waits: the
-// replacement happens after the queued writes, or at the next Flush.
+// generation waiting for it can replace the old one, and so that the
+// store's metadata records it (Meta.CommittedEpoch). It never waits: the
+// replacement happens after the queued writes, or at the next Flush, and
+// the metadata reaches disk with the next write (in its transaction), GC,
+// background checkpoint or Close, whichever comes first.
 func (s *Store) NoteCommitted(epoch int64) {
 	for {
 		old := s.committed.Load()
@@ -138,7 +142,7 @@ func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
 		b.batch.Release()
 		s.asyncMu.Lock()
 		if err != nil && s.asyncErr == nil {
-			s.asyncErr = fmt.Errorf("background write of epoch %d: %w", b.batch.Epoch, err)
+			s.asyncErr = s.check(fmt.Errorf("background write of epoch %d: %w", b.batch.Epoch, err))
 		}
 		s.pending--
 		if s.pending == 0 {
@@ -162,7 +166,7 @@ func (s *Store) Flush() error {
 	if err := s.asyncError(); err != nil {
 		return err
 	}
-	return s.promoteCommitted(context.Background())
+	return s.check(s.promoteCommitted(context.Background()))
 }
 
 func (s *Store) promoteCommitted(ctx context.Context) error {
@@ -217,6 +221,9 @@ func (s *Store) write(ctx context.Context, epoch int64, rows []rowbatch.Row) (in
 }
 
 func (s *Store) writeLocked(ctx context.Context, epoch int64, rows []rowbatch.Row) (int, error) {
+	// The epochs committed so far go to disk with this write, in its
+	// transaction.
+	s.syncCommitted()
 	f := s.target()
 	if m := f.Meta(); epoch < 1 || epoch < m.LastEpoch {
 		return 0, fmt.Errorf("write to %s at epoch %d: epochs start at 1 and never go back (last written: %d)", f.Path(), epoch, m.LastEpoch)

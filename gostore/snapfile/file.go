@@ -108,6 +108,9 @@ type File struct {
 	// legacy tells that the file is of LegacyFormatVersion: rows without
 	// checksums, read but never written.
 	legacy bool
+	// metaDirty tells that meta holds a change (NoteCommitted) not yet
+	// written: the next Write carries it, or FlushMeta or Close.
+	metaDirty bool
 }
 
 // cacheMiB is the page cache size each connection to the file gets.
@@ -402,7 +405,27 @@ func (f *File) UpdateMeta(ctx context.Context, meta Meta) error {
 		return fail(err)
 	}
 	f.meta = meta
+	f.metaDirty = false
 	return nil
+}
+
+// NoteCommitted raises the metadata's CommittedEpoch to epoch without
+// writing anything: a transaction per committed epoch would sit on the
+// caller's path. The next Write carries it in its own transaction;
+// FlushMeta or Close write it when no Write comes.
+func (f *File) NoteCommitted(epoch int64) {
+	if epoch > f.meta.CommittedEpoch && f.writable() == nil {
+		f.meta.CommittedEpoch = epoch
+		f.metaDirty = true
+	}
+}
+
+// FlushMeta writes a metadata change NoteCommitted left in memory, if any.
+func (f *File) FlushMeta(ctx context.Context) error {
+	if !f.metaDirty {
+		return nil
+	}
+	return f.UpdateMeta(ctx, f.meta)
 }
 
 // writable refuses writes to a file that must not get any: one opened
@@ -421,6 +444,7 @@ func (f *File) writable() error {
 // Close closes the file. For a local store, the WAL is checkpointed so the
 // file on disk is complete by itself.
 func (f *File) Close() error {
+	ferr := f.FlushMeta(context.Background())
 	if err := f.closeBulk(); err != nil {
 		f.db.Close()
 		return err
@@ -432,7 +456,7 @@ func (f *File) Close() error {
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("close snapshot file %s: %w", f.path, err)
 	}
-	return nil
+	return ferr
 }
 
 // Seal finishes a segment: it closes the file and fsyncs it, so the bytes

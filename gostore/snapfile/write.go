@@ -84,16 +84,17 @@ func (f *File) write(ctx context.Context, rows []rowbatch.Row, newest int64) (in
 		}
 	}
 	var meta map[string]string
-	if newest != f.meta.LastEpoch {
+	if newest != f.meta.LastEpoch || f.metaDirty {
 		m := f.meta
 		m.LastEpoch = newest
 		all := m.fieldsWithCRC()
-		meta = map[string]string{"last_epoch": all["last_epoch"], metaCRCField: all[metaCRCField]}
+		meta = map[string]string{"last_epoch": all["last_epoch"], "committed_epoch": all["committed_epoch"], metaCRCField: all[metaCRCField]}
 	}
 	if err := b.write(table, rows, order, f.meta.KeyGroupCount, meta); err != nil {
 		return 0, fmt.Errorf("write %d rows: %w", len(rows), err)
 	}
 	f.meta.LastEpoch = newest
+	f.metaDirty = false
 	if table == "recent" {
 		f.recentRows += int64(len(rows))
 	}
