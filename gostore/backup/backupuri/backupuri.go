@@ -5,17 +5,34 @@
 //	s3://bucket/prefix                   an S3 bucket (s3backup)
 //	s3://bucket/prefix?endpoint=http://127.0.0.1:9000&region=us-east-1
 //
-// For s3:// the query may hold endpoint, region, part_size (bytes) and
-// max_attempts. What the URI leaves out comes from the standard AWS
+// For s3:// the query may hold:
+//
+//	endpoint=URL         an S3-compatible server (default: AWS S3)
+//	region=R             the bucket's region
+//	part_size=BYTES      multipart upload part size (default 8 MiB)
+//	timeout=DUR          each attempt of a small request, and connect, TLS and
+//	                     response-header waits (default 10s)
+//	stall_timeout=DUR    a transfer attempt fails when no byte moved for DUR
+//	                     (default 30s)
+//	max_attempts=N       attempts per request (default 4)
+//	max_backoff=DUR      cap of the delay between attempts (default 10s)
+//
+// DUR is a Go duration ("10s", "1m30s"). With the defaults a call to an
+// endpoint that accepts connections and never answers fails in under a
+// minute, and Check in 15 s (see s3backup). What the URI leaves out comes from the standard AWS
 // environment: AWS_ENDPOINT_URL_S3 then AWS_ENDPOINT_URL for the endpoint,
 // AWS_REGION then AWS_DEFAULT_REGION for the region, AWS_ACCESS_KEY_ID,
 // AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN for credentials (and, when
 // those are unset, the rest of the AWS credential chain). Credentials are
-// never accepted in the URI itself, so they do not end up in logs.
+// never accepted in the URI itself, so they do not end up in logs. Error
+// messages never show the password of an endpoint URL
+// (http://user:xxxxx@host) nor the value of an unknown parameter, which may
+// be a secret put in the wrong place.
 package backupuri
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -24,6 +41,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/millpond/millpond/gostore/backup"
 	"github.com/millpond/millpond/gostore/backup/dirbackup"
@@ -31,7 +49,7 @@ import (
 )
 
 // Supported lists the accepted URI forms, for help and error messages.
-const Supported = "a directory path, file:///path, or s3://bucket/prefix[?endpoint=URL&region=R]"
+const Supported = "a directory path, file:///path, or s3://bucket/prefix[?endpoint=URL&region=R&timeout=10s]"
 
 // Schemes of a parsed [Spec].
 const (
@@ -87,7 +105,7 @@ func Open(ctx context.Context, uri string, opts ...Option) (backup.Backup, error
 var schemeRE = regexp.MustCompile(`^([a-zA-Z][a-zA-Z0-9+.-]*):`)
 
 // s3Params are the query parameters accepted by s3:// URIs.
-var s3Params = []string{"endpoint", "max_attempts", "part_size", "region"}
+var s3Params = []string{"endpoint", "max_attempts", "max_backoff", "part_size", "region", "stall_timeout", "timeout"}
 
 // Parse parses uri, taking missing S3 settings from getenv (os.Getenv in
 // [Open]). It checks the URI's shape only; the backend constructors check the
@@ -133,13 +151,16 @@ func parseFile(uri string) (Spec, error) {
 	return Spec{Scheme: SchemeFile, Dir: u.Path}, nil
 }
 
-func parseS3(uri string, getenv func(string) string) (Spec, error) {
-	u, err := url.Parse(uri)
+func parseS3(raw string, getenv func(string) string) (Spec, error) {
+	u, err := url.Parse(raw)
 	if err != nil {
-		return Spec{}, fmt.Errorf("backup URI %q: %w", uri, err)
+		// The parser's error quotes the URI or a part of it, which may be
+		// a secret; it is not shown.
+		return Spec{}, errors.New("backup URI s3://...: not a valid URL; check the bucket name, the parameters and their %-escapes")
 	}
+	uri := safeURI(u)
 	if u.User != nil {
-		return Spec{}, fmt.Errorf("backup URI %q: credentials in the URI are not supported; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", redact(u))
+		return Spec{}, fmt.Errorf("backup URI %q: credentials in the URI are not supported; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", uri)
 	}
 	if u.Host == "" {
 		return Spec{}, fmt.Errorf("backup URI %q has no bucket: write s3://BUCKET or s3://BUCKET/PREFIX", uri)
@@ -173,13 +194,52 @@ func parseS3(uri string, getenv func(string) string) (Spec, error) {
 		}
 		opts.MaxAttempts = n
 	}
+	for _, d := range []struct {
+		name string
+		dst  *time.Duration
+	}{{"timeout", &opts.Timeout}, {"stall_timeout", &opts.StallTimeout}, {"max_backoff", &opts.MaxBackoff}} {
+		if v := q.Get(d.name); v != "" {
+			n, err := time.ParseDuration(v)
+			if err != nil || n <= 0 {
+				return Spec{}, fmt.Errorf("backup URI %q: %s=%q: want a positive duration such as 10s or 1m", uri, d.name, v)
+			}
+			*d.dst = n
+		}
+	}
 	return Spec{Scheme: SchemeS3, S3: opts}, nil
 }
 
-func redact(u *url.URL) string {
+// safeURI renders u for messages: the userinfo replaced, the endpoint's
+// password masked, and unknown parameters named without their values.
+func safeURI(u *url.URL) string {
 	c := *u
-	c.User = url.User("REDACTED")
-	return c.String()
+	if c.User != nil {
+		c.User = url.User("REDACTED")
+	}
+	q := u.Query()
+	for name, vals := range q {
+		i := sort.SearchStrings(s3Params, name)
+		known := i < len(s3Params) && s3Params[i] == name
+		for j := range vals {
+			switch {
+			case !known:
+				vals[j] = "xxxxx"
+			case name == "endpoint":
+				vals[j], _ = s3backup.RedactEndpoint(vals[j])
+			}
+		}
+	}
+	c.RawQuery = q.Encode()
+	c.Fragment = ""
+	s := c.String()
+	if !strings.Contains(s, "://") {
+		s = strings.Replace(s, ":", "://", 1) // "s3:" for an empty host
+	}
+	// Encode escapes the mask's ':' and '@'; unescape them for reading.
+	if r, err := url.QueryUnescape(s); err == nil {
+		return r
+	}
+	return s
 }
 
 func firstNonEmpty(vals ...string) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -95,7 +96,10 @@ func TestParseErrors(t *testing.T) {
 		{"S3OneSlash", "s3:/bucket/p", `backup URI "s3:/bucket/p": an S3 URI starts with s3:// (two slashes)`},
 		{"S3NoSlash", "S3:bucket", `an S3 URI starts with s3://`},
 		{"S3Credentials", "s3://key:secret@bucket/p", "credentials in the URI are not supported"},
-		{"S3UnknownParam", "s3://bucket?endpiont=x", `unknown parameter "endpiont" (known: endpoint, max_attempts, part_size, region)`},
+		{"S3UnknownParam", "s3://bucket?endpiont=x", `backup URI "s3://bucket?endpiont=xxxxx": unknown parameter "endpiont" (known: endpoint, max_attempts, max_backoff, part_size, region, stall_timeout, timeout)`},
+		{"S3BadTimeout", "s3://bucket?timeout=10", `timeout="10": want a positive duration such as 10s or 1m`},
+		{"S3BadStallTimeout", "s3://bucket?stall_timeout=-1s", `stall_timeout="-1s"`},
+		{"S3BadMaxBackoff", "s3://bucket?max_backoff=x", `max_backoff="x"`},
 		{"S3BadPartSize", "s3://bucket?part_size=big", "part_size"},
 		{"S3BadMaxAttempts", "s3://bucket?max_attempts=0", "max_attempts"},
 	}
@@ -107,6 +111,42 @@ func TestParseErrors(t *testing.T) {
 			assert.NotContains(t, err.Error(), "secret")
 		})
 	}
+}
+
+func TestParseDeadlines(t *testing.T) {
+	spec, err := Parse("s3://b/p?timeout=2s&stall_timeout=1m&max_attempts=2&max_backoff=500ms", envOf(nil))
+	require.NoError(t, err)
+	assert.Equal(t, 2*time.Second, spec.S3.Timeout)
+	assert.Equal(t, time.Minute, spec.S3.StallTimeout)
+	assert.Equal(t, 2, spec.S3.MaxAttempts)
+	assert.Equal(t, 500*time.Millisecond, spec.S3.MaxBackoff)
+}
+
+// TestSecretsNeverEchoed puts a secret where users put them by mistake (the
+// endpoint's userinfo, an unknown parameter, credentials in the URI) and
+// checks that no error shows it.
+func TestSecretsNeverEchoed(t *testing.T) {
+	const secret = "TOPs3cret"
+	tests := []struct{ name, uri, want string }{
+		{"UnknownParam", "s3://bucket/p?secret_key=" + secret, `unknown parameter "secret_key"`},
+		{"UnknownParamWithEndpointPassword", "s3://bucket/p?endpoint=http://u:" + secret + "@h:9&aws_secret=" + secret,
+			`"s3://bucket/p?aws_secret=xxxxx&endpoint=http://u:xxxxx@h:9": unknown parameter "aws_secret"`},
+		{"BadParamNextToEndpointPassword", "s3://bucket?endpoint=http://u:" + secret + "@h:9&timeout=x", `timeout="x"`},
+		{"CredentialsInURI", "s3://AKIA:" + secret + "@bucket/p", "credentials in the URI are not supported"},
+		{"Unparsable", "s3://bucket:" + secret + "/p%zz", "not a valid URL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse(tt.uri, envOf(nil))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.NotContains(t, err.Error(), secret)
+		})
+	}
+	// An endpoint password that parses is shown masked by the backend.
+	b, err := Open(context.Background(), "s3://bucket/p?endpoint=http://u:"+secret+"@127.0.0.1:9", WithGetenv(envOf(nil)))
+	require.NoError(t, err)
+	assert.Equal(t, "s3://bucket/p at http://u:xxxxx@127.0.0.1:9", b.String())
 }
 
 func TestOpenDirectory(t *testing.T) {
