@@ -6,7 +6,10 @@
 // "listening on http://127.0.0.1:PORT" to stdout once it accepts
 // connections, and exits cleanly (status 0) on SIGTERM or SIGINT. Everything
 // is lost when it exits. It uses gofakes3, which does not check request
-// signatures: any credentials work.
+// signatures: any credentials work. A PUT with "If-None-Match: *" is
+// refused with 412 PreconditionFailed if the key exists, atomically
+// (gofakes3 v1.2 checks the condition under its backend's lock; a test
+// races many such PUTs of one key), as backup.Small's Create needs.
 package main
 
 import (

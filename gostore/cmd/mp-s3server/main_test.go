@@ -3,12 +3,15 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -99,4 +102,70 @@ func TestBinaryExitsCleanlyOnSIGTERM(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, strings.TrimSpace(string(rest)), "nothing else on stdout")
 	require.NoError(t, cmd.Wait())
+}
+
+// TestConditionalPutsOfOneKeyExactlyOneWins sends many raw PUTs with
+// "If-None-Match: *" of one key at once: the server (gofakes3, which checks
+// the condition under its backend's lock) must let exactly one through
+// with 200 and refuse the rest with 412 PreconditionFailed, as S3 does.
+func TestConditionalPutsOfOneKeyExactlyOneWins(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"-bucket", "cond-bucket"}, pw, io.Discard) }()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	require.NoError(t, err)
+	m := listenLine.FindStringSubmatch(line)
+	require.NotNil(t, m, "first line %q", line)
+
+	const n = 32
+	for round := range 3 {
+		url := fmt.Sprintf("%s/cond-bucket/race/%d", m[1], round)
+		statuses := make([]int, n)
+		bodies := make([]string, n)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				req, err := http.NewRequest(http.MethodPut, url, strings.NewReader(fmt.Sprintf("writer %d", i)))
+				if !assert.NoError(t, err) {
+					return
+				}
+				req.Header.Set("If-None-Match", "*")
+				resp, err := http.DefaultClient.Do(req)
+				if !assert.NoError(t, err) {
+					return
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				statuses[i], bodies[i] = resp.StatusCode, string(body)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		winner := -1
+		for i, st := range statuses {
+			switch st {
+			case http.StatusOK:
+				assert.Equal(t, -1, winner, "two conditional PUTs succeeded")
+				winner = i
+			case http.StatusPreconditionFailed:
+				assert.Contains(t, bodies[i], "<Code>PreconditionFailed</Code>")
+			default:
+				t.Errorf("writer %d: status %d: %s", i, st, bodies[i])
+			}
+		}
+		require.NotEqual(t, -1, winner)
+		resp, err := http.Get(url)
+		require.NoError(t, err)
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, fmt.Sprintf("writer %d", winner), string(got))
+	}
+	cancel()
+	require.NoError(t, <-done)
 }
