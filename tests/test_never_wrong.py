@@ -18,6 +18,7 @@ import os
 import random
 import re
 import shutil
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -54,6 +55,9 @@ CORRUPT_OBJECT = "corrupt durable object"
 BACKUP_LOST = "the backup lost committed state"
 #: A start that lost the race for its execution number (any one of these).
 RACE_LOSER = ("another run", "same time")
+#: A run that started a moment earlier and was superseded by a newer
+#: execution (docs/recovery.md): also a clear stop, but after it ran.
+SUPERSEDED = ("a newer execution of this flow is running",)
 #: A commit record that does not carry a valid authentication code.
 NOT_AUTHENTICATED = "not authenticated"
 #: How an error names a commit record (``FLOW/commits/NNNNNNNNNN.json``).
@@ -128,23 +132,38 @@ def _bitflip_seeds() -> int:
     return int(raw) if raw.strip() else DEFAULT_BITFLIP_SEEDS
 
 
+def _checkpoint(store: Path) -> None:
+    """Fold the WAL into the main file, as the store's background
+    checkpointer would have done before a later kill (with Python's sqlite3:
+    the file is a plain SQLite database)."""
+    con = sqlite3.connect(str(store))
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        con.close()
+
+
 def _flip_for_seed(d: Path, seed: int) -> bitflip.Flip:
-    """One bit of the worker's store (or its WAL) chosen by ``seed``: the
-    kind cycles through random and the targeted ones."""
+    """One bit of the worker's store chosen by ``seed``. Even seeds flip the
+    store as the kill left it (most recent rows still in the WAL, so the
+    WAL is the first choice); odd seeds checkpoint it first, so the rows are
+    in the main file. The kind cycles through random and the targeted ones."""
     rng = random.Random(seed)
     wdir = d / "LOCAL" / FLOW_ID / "worker-0000"
-    files = [wdir / "store.sqlite"]
+    store = wdir / "store.sqlite"
     wal = wdir / "store.sqlite-wal"
+    if seed % 2:
+        _checkpoint(store)
+    files = [store]
     if wal.exists() and wal.stat().st_size > 0:
-        files.append(wal)
-    kind = bitflip.KINDS[seed % len(bitflip.KINDS)]
-    first = files[(seed // len(bitflip.KINDS)) % len(files)]
-    for path in [first, *[f for f in files if f != first]]:
+        files.insert(0, wal)
+    kind = bitflip.KINDS[(seed // 2) % len(bitflip.KINDS)]
+    for path in files:
         flip = bitflip.choose(path, kind, rng)
         if flip is not None:
             break
     else:
-        flip = bitflip.choose(first, "random", rng)
+        flip = bitflip.choose(files[0], "random", rng)
     assert flip is not None, f"nothing to flip in {files}"
     bitflip.flip_bit(flip.path, flip.offset, flip.bit)
     return flip
@@ -261,12 +280,15 @@ ready.write_text("")
 while not go.exists():
     time.sleep(0.001)
 t = float(go.read_text())
+if t - time.time() > 0.005:
+    time.sleep(t - time.time() - 0.005)
 while time.time() < t:
     pass
 sys.exit(millpond.run.main(sys.argv[3:]))
 '''
 
 RACE_LINES = 200
+RACE_FIRST_DELAY = 0.3
 RACE_PROCS = 3
 
 
@@ -275,7 +297,10 @@ def _race_round(root: Path, backup: str, flow: str, env: Dict[str, str]) -> List
     its own local dir and output; the problems found."""
     barrier = root / "barrier"
     barrier.mkdir(parents=True)
-    imp = f'wcflow:get_flow("in.txt", "out.txt", name="{flow}")'
+    # The first item waits, so no racer commits before every racer has
+    # claimed its execution: a later one would otherwise resume another
+    # racer's state against its own (empty) output file.
+    imp = f'wcflow:get_flow("in.txt", "out.txt", name="{flow}", first_delay={RACE_FIRST_DELAY})'
     procs: List[Tuple[Path, "subprocess.Popen[str]"]] = []
     results: List[Tuple[Path, Result]] = []
     try:
@@ -292,7 +317,7 @@ def _race_round(root: Path, backup: str, flow: str, env: Dict[str, str]) -> List
             assert all(p.poll() is None for _d, p in procs), "a racer died before the barrier"
             time.sleep(0.005)
         tmp = barrier / "go.tmp"
-        tmp.write_text(repr(time.time() + 0.1))
+        tmp.write_text(repr(time.time() + 0.2))
         tmp.rename(barrier / "go")
         for d, p in procs:
             t0 = time.monotonic()
@@ -320,11 +345,12 @@ def _race_round(root: Path, backup: str, flow: str, env: Dict[str, str]) -> List
             winners += 1
             if _out(d) != expected:
                 problems.append(f"{flow}: racer {i} exited 0 with a wrong output")
-        else:
-            if not any(f in res.stderr for f in RACE_LOSER):
-                problems.append(f"{flow}: racer {i} lost without saying so ({RACE_LOSER}): {res.stderr.strip()[-300:]}")
+        elif any(f in res.stderr for f in RACE_LOSER):
             if _out(d):
-                problems.append(f"{flow}: racer {i} lost but wrote output first")
+                problems.append(f"{flow}: racer {i} lost the race but wrote output first")
+        elif not any(f in res.stderr for f in SUPERSEDED):
+            problems.append(f"{flow}: racer {i} failed without saying it lost a race ({RACE_LOSER}): "
+                            f"{res.stderr.strip()[-300:]}")
     if winners == 0:
         problems.append(f"{flow}: no racer finished: " + "; ".join(r.stderr.strip()[-200:] for _d, r in results))
     return problems

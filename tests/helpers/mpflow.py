@@ -47,11 +47,15 @@ from millpond.connectors.files import FileSink, FileSource
 from millpond.dataflow import Dataflow
 
 
-def get_flow(src, dst, delay=0.0, name="wc"):
+def get_flow(src, dst, delay=0.0, name="wc", first_delay=0.0):
     flow = Dataflow(name)
     lines = op.input("in", flow, FileSource(src, batch_size=4))
+    first = [first_delay]
 
     def split(line):
+        if first[0]:
+            time.sleep(first[0])
+            first[0] = 0.0
         if delay:
             time.sleep(delay)
         return line.split()
