@@ -96,18 +96,22 @@ MP_METHOD(durable_inspect) {
     unsigned long long h;
     const char *flow;
     int keys;
-    if (!PyArg_ParseTuple(args, "Ksp", &h, &flow, &keys)) return NULL;
+    const char *key;
+    Py_ssize_t key_len;
+    if (!PyArg_ParseTuple(args, "Kspy#", &h, &flow, &keys, &key, &key_len)) return NULL;
     char *out = NULL;
-    CALL_GO(mp_durable_inspect(h, (char *)flow, keys, &out, &kind, &msg));
+    CALL_GO(mp_durable_inspect(h, (char *)flow, keys, (char *)key, (long long)key_len, &out, &kind, &msg));
     return mp_take_json(out);
 }
 
 MP_METHOD(durable_verify) {
     unsigned long long h;
     const char *flow;
-    if (!PyArg_ParseTuple(args, "Ks", &h, &flow)) return NULL;
+    const char *key;
+    Py_ssize_t key_len;
+    if (!PyArg_ParseTuple(args, "Ksy#", &h, &flow, &key, &key_len)) return NULL;
     char *out = NULL;
-    CALL_GO(mp_durable_verify(h, (char *)flow, &out, &kind, &msg));
+    CALL_GO(mp_durable_verify(h, (char *)flow, (char *)key, (long long)key_len, &out, &kind, &msg));
     return mp_take_json(out);
 }
 

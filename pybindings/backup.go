@@ -121,7 +121,7 @@ func mp_backup_open(uri, keyID, secret, token *C.char, out *C.uintptr_t, errKind
 		"AWS_ACCESS_KEY_ID": C.GoString(keyID), "AWS_SECRET_ACCESS_KEY": C.GoString(secret),
 		"AWS_SESSION_TOKEN": C.GoString(token),
 	})
-	b, err := backupuri.Open(context.Background(), C.GoString(uri),
+	b, err := backupuri.Open(callCtx(), C.GoString(uri),
 		backupuri.WithGetenv(getenv), backupuri.WithLogger(bridge.logger()))
 	if err != nil {
 		return setErr(withKind(kindConfig, err), errKind, errMsg)
@@ -168,7 +168,7 @@ func mp_backup_list(h C.uintptr_t, prefix *C.char, out **C.char, outLen *C.size_
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	objs, err := bh.b.List(context.Background(), C.GoString(prefix))
+	objs, err := bh.b.List(callCtx(), C.GoString(prefix))
 	if err != nil {
 		return setErr(withKind(kindBackup, err), errKind, errMsg)
 	}
@@ -184,7 +184,7 @@ func mp_backup_list(h C.uintptr_t, prefix *C.char, out **C.char, outLen *C.size_
 //export mp_backup_upload
 func mp_backup_upload(h C.uintptr_t, path, key *C.char, errKind *C.int, errMsg **C.char) C.int {
 	return backupOp(h, errKind, errMsg, func(b backup.Backup) error {
-		return b.Upload(context.Background(), C.GoString(path), C.GoString(key))
+		return b.Upload(callCtx(), C.GoString(path), C.GoString(key))
 	})
 }
 
@@ -194,7 +194,7 @@ func mp_backup_upload(h C.uintptr_t, path, key *C.char, errKind *C.int, errMsg *
 //export mp_backup_download
 func mp_backup_download(h C.uintptr_t, key, path *C.char, errKind *C.int, errMsg **C.char) C.int {
 	return backupOp(h, errKind, errMsg, func(b backup.Backup) error {
-		err := b.Download(context.Background(), C.GoString(key), C.GoString(path))
+		err := b.Download(callCtx(), C.GoString(key), C.GoString(path))
 		if errors.Is(err, backup.ErrNotFound) {
 			return kinded{kind: kindNotFound, err: err}
 		}
@@ -205,7 +205,7 @@ func mp_backup_download(h C.uintptr_t, key, path *C.char, errKind *C.int, errMsg
 //export mp_backup_delete
 func mp_backup_delete(h C.uintptr_t, key *C.char, errKind *C.int, errMsg **C.char) C.int {
 	return backupOp(h, errKind, errMsg, func(b backup.Backup) error {
-		return b.Delete(context.Background(), C.GoString(key))
+		return b.Delete(callCtx(), C.GoString(key))
 	})
 }
 
@@ -216,7 +216,7 @@ func mp_backup_delete(h C.uintptr_t, key *C.char, errKind *C.int, errMsg **C.cha
 func mp_backup_check(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 	return backupOp(h, errKind, errMsg, func(b backup.Backup) error {
 		if c, ok := b.(backup.Checker); ok {
-			return c.Check(context.Background())
+			return c.Check(callCtx())
 		}
 		return nil
 	})

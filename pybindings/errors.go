@@ -6,6 +6,7 @@ package main
 import "C"
 
 import (
+	"context"
 	"errors"
 	"strings"
 
@@ -35,6 +36,9 @@ const (
 	kindBackup
 	kindConfig
 	kindRecovery
+	kindDamaged
+	kindUnauthenticated
+	kindInterrupted
 )
 
 var kindNames = [...]string{
@@ -49,6 +53,11 @@ var kindNames = [...]string{
 	kindBackup:        "backup",
 	kindConfig:        "config",
 	kindRecovery:      "recovery",
+	kindDamaged:       "damaged",
+	// A record the configured backup key did not seal.
+	kindUnauthenticated: "unauthenticated",
+	// A call cut short by SIGINT or SIGTERM (interrupt.go).
+	kindInterrupted: "interrupted",
 }
 
 // mp_error_kinds returns the kind names from kind 1 on, NUL-terminated one
@@ -96,6 +105,15 @@ func kindOf(err error) errorKind {
 		return kindOK
 	case errors.As(err, &k):
 		return k.kind
+	case errors.Is(err, context.Canceled) && interrupts.interrupted():
+		return kindInterrupted
+	case errors.Is(err, localstore.ErrDamaged):
+		return kindDamaged
+	case errors.Is(err, durable.ErrUnauthenticated):
+		return kindUnauthenticated
+	case errors.Is(err, durable.ErrRaced), errors.Is(err, durable.ErrSuperseded),
+		errors.Is(err, durable.ErrBackupLost), errors.Is(err, durable.ErrObjectsLost):
+		return kindRecovery
 	case errors.Is(err, localstore.ErrLocked):
 		return kindLocked
 	case errors.Is(err, localstore.ErrForeign):

@@ -136,16 +136,17 @@ static PyMethodDef methods[] = {
     {"backup_check", py_backup_check, METH_VARARGS,
      "backup_check(handle) -> None\n\nRaise if the store is not reachable or usable."},
     {"durable_inspect", py_durable_inspect, METH_VARARGS,
-     "durable_inspect(backup_handle, flow_id, count_keys) -> dict\n\nA flow's executions, commits and objects."},
+     "durable_inspect(backup_handle, flow_id, count_keys, key) -> dict\n\nA flow's executions, commits and objects (key: the backup key, b'' for none)."},
     {"durable_verify", py_durable_verify, METH_VARARGS,
-     "durable_verify(backup_handle, flow_id) -> list[dict]\n\nEvery problem found: {'key': ..., 'problem': ...}."},
+     "durable_verify(backup_handle, flow_id, key) -> list[dict]\n\nEvery problem found: {'key': ..., 'problem': ...} (key: the backup key, b'' for none)."},
     {"durable_flows", py_durable_flows, METH_VARARGS,
      "durable_flows(backup_handle) -> list[str]\n\nThe flow ids with recovery data in the backup."},
     // Recovery runs (run.go, run.c)
     {"run_open", py_run_open, METH_VARARGS,
      "run_open(local_dir, flow_id, worker_count, key_group_count, backup_handle, snapshot_mode, max_epochs_in_flight,\n"
-     "         retain_epochs, retain_seconds, compact_ratio, compact_min_bytes) -> handle\n\n"
-     "Read the durable state and prepare the next execution (snapshot_mode: 'batch' or 'immediate')."},
+     "         retain_epochs, retain_seconds, compact_ratio, compact_min_bytes, key) -> handle\n\n"
+     "Read the durable state and prepare the next execution (snapshot_mode: 'batch' or 'immediate'; key: the\n"
+     "backup key that authenticates records, b'' for none)."},
     {"run_info", py_run_info, METH_VARARGS,
      "run_info(handle) -> dict[str, int]\n\nexecution, resume_epoch, committed_epoch, commit_worker_count."},
     {"run_restore", py_run_restore, METH_VARARGS,
@@ -169,6 +170,10 @@ static PyMethodDef methods[] = {
      "log_stop() -> None\n\nFlush, then stop forwarding for good (at interpreter exit)."},
     {"log_set_level", py_log_set_level, METH_VARARGS,
      "log_set_level(level) -> None\n\nPass on records at this logging level and above."},
+    // Interrupts (interrupt.go, interrupt.c)
+    {"watch_interrupts", py_watch_interrupts, METH_VARARGS,
+     "watch_interrupts(fd) -> None\n\nRead signal numbers from fd (a pipe given to signal.set_wakeup_fd) and cancel\n"
+     "the core's calls in flight on SIGINT or SIGTERM; the core owns fd from now on."},
     {NULL, NULL, 0, NULL},
 };
 

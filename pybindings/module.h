@@ -91,5 +91,6 @@ MP_METHOD(run_commits);
 MP_METHOD(log_flush);
 MP_METHOD(log_stop);
 MP_METHOD(log_set_level);
+MP_METHOD(watch_interrupts);
 
 #endif

@@ -8,6 +8,7 @@ import "C"
 
 import (
 	"context"
+	"unsafe"
 
 	"github.com/millpond/millpond/gostore/backup"
 	"github.com/millpond/millpond/gostore/durable"
@@ -17,16 +18,16 @@ import (
 // JSON.
 
 //export mp_durable_inspect
-func mp_durable_inspect(h C.uintptr_t, flow *C.char, withKeys C.int, out **C.char, errKind *C.int, errMsg **C.char) C.int {
+func mp_durable_inspect(h C.uintptr_t, flow *C.char, withKeys C.int, key *C.char, keyLen C.longlong, out **C.char, errKind *C.int, errMsg **C.char) C.int {
 	return report(h, out, errKind, errMsg, func(ctx context.Context, b backup.Backup) (any, error) {
-		return durable.Inspect(ctx, b, C.GoString(flow), withKeys != 0)
+		return durable.Inspect(ctx, b, C.GoString(flow), withKeys != 0, goKey(key, keyLen))
 	})
 }
 
 //export mp_durable_verify
-func mp_durable_verify(h C.uintptr_t, flow *C.char, out **C.char, errKind *C.int, errMsg **C.char) C.int {
+func mp_durable_verify(h C.uintptr_t, flow *C.char, key *C.char, keyLen C.longlong, out **C.char, errKind *C.int, errMsg **C.char) C.int {
 	return report(h, out, errKind, errMsg, func(ctx context.Context, b backup.Backup) (any, error) {
-		problems, err := durable.Verify(ctx, b, C.GoString(flow))
+		problems, err := durable.Verify(ctx, b, C.GoString(flow), goKey(key, keyLen))
 		if problems == nil {
 			problems = []durable.Problem{}
 		}
@@ -45,12 +46,20 @@ func mp_durable_flows(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.ch
 	})
 }
 
+// goKey copies a backup key passed from Python; empty means none.
+func goKey(key *C.char, n C.longlong) durable.Key {
+	if n <= 0 {
+		return nil
+	}
+	return durable.Key(C.GoBytes(unsafe.Pointer(key), C.int(n)))
+}
+
 func report(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char, make func(context.Context, backup.Backup) (any, error)) C.int {
 	bh, err := lookup[*backupHandle](uintptr(h))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	v, err := make(context.Background(), bh.b)
+	v, err := make(callCtx(), bh.b)
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}

@@ -11,12 +11,14 @@ MP_METHOD(run_open) {
     unsigned long long bh;
     double retain_seconds, ratio;
     long long cmin;
-    if (!PyArg_ParseTuple(args, "ssiiKsiiddL", &dir, &flow, &workers, &groups, &bh, &mode, &inflight, &retain,
-                          &retain_seconds, &ratio, &cmin))
+    const char *key;
+    Py_ssize_t key_len;
+    if (!PyArg_ParseTuple(args, "ssiiKsiiddLy#", &dir, &flow, &workers, &groups, &bh, &mode, &inflight, &retain,
+                          &retain_seconds, &ratio, &cmin, &key, &key_len))
         return NULL;
     uintptr_t h = 0;
     CALL_GO(mp_run_open((char *)dir, (char *)flow, workers, groups, bh, (char *)mode, inflight, retain, retain_seconds,
-                        ratio, cmin, &h, &kind, &msg));
+                        ratio, cmin, (char *)key, (long long)key_len, &h, &kind, &msg));
     return PyLong_FromUnsignedLongLong(h);
 }
 

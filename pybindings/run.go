@@ -29,7 +29,7 @@ func mp_snapshot_modes(n *C.int) *C.char {
 //export mp_run_open
 func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uintptr_t, mode *C.char,
 	maxInFlight, retain C.int, retainSeconds C.double, compactRatio C.double, compactMin C.longlong,
-	out *C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
+	key *C.char, keyLen C.longlong, out *C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 	bh, err := lookup[*backupHandle](uintptr(backupH))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
@@ -44,9 +44,9 @@ func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uin
 		Mode: m, MaxEpochsInFlight: int(maxInFlight), RetainEpochs: int(retain),
 		RetainFor:    time.Duration(float64(retainSeconds) * float64(time.Second)),
 		CompactRatio: float64(compactRatio), CompactMinBytes: int64(compactMin),
-		Logger: bridge.logger(),
+		Key: goKey(key, keyLen), Logger: bridge.logger(),
 	}
-	run, err := durable.Open(context.Background(), cfg)
+	run, err := durable.Open(callCtx(), cfg)
 	if err != nil {
 		// What is wrong with a flow's recovery data or settings (another
 		// key-group count, say) is a recovery error, unless more specific.
@@ -81,7 +81,7 @@ func mp_run_restore(h C.uintptr_t, w C.int, store *C.uintptr_t, info **C.char, e
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	ri, err := run.Restore(context.Background(), int(w))
+	ri, err := run.Restore(callCtx(), int(w))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}

@@ -28,7 +28,7 @@ type scanPage struct {
 }
 
 func newScanner(s *localstore.Store, step string, chunk int) *scanner {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(callCtx())
 	sc := &scanner{pages: make(chan scanPage, 2), cancel: cancel}
 	go func() {
 		defer close(sc.pages)

@@ -47,7 +47,7 @@ func mp_store_open(dir, flow *C.char, workerIndex, workerCount, keyGroups C.int,
 		WorkerIndex: int(workerIndex), WorkerCount: int(workerCount),
 		KeyGroupCount: int(keyGroups), Execution: int64(execution),
 	}
-	s, err := localstore.Open(context.Background(), cfg, int64(resumeEpoch))
+	s, err := localstore.Open(callCtx(), cfg, int64(resumeEpoch))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -92,7 +92,7 @@ func mp_store_write(h C.uintptr_t, epoch C.longlong, whole C.int, buf *C.char, n
 		batch.Release()
 		return setErr(err, errKind, errMsg)
 	}
-	count, err := sh.writer.Write(context.Background(), batch)
+	count, err := sh.writer.Write(callCtx(), batch)
 	if err != nil {
 		if !sh.owned {
 			err = withKind(kindRecovery, err)
@@ -113,7 +113,7 @@ func mp_store_get(h C.uintptr_t, step *C.char, stepLen C.size_t, key *C.char, ke
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	r, ok, err := sh.store.Get(context.Background(), C.GoStringN(step, C.int(stepLen)), C.GoStringN(key, C.int(keyLen)))
+	r, ok, err := sh.store.Get(callCtx(), C.GoStringN(step, C.int(stepLen)), C.GoStringN(key, C.int(keyLen)))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -141,7 +141,7 @@ func mp_store_steps(h C.uintptr_t, out **C.char, outLen *C.size_t, errKind *C.in
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	steps, err := sh.store.Steps(context.Background())
+	steps, err := sh.store.Steps(callCtx())
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -162,7 +162,7 @@ func mp_store_meta(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char)
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	st, err := sh.store.Stats(context.Background())
+	st, err := sh.store.Stats(callCtx())
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
@@ -181,7 +181,7 @@ func mp_store_gc(h C.uintptr_t, committed C.longlong, removed *C.longlong, errKi
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	n, err := sh.store.GC(context.Background(), int64(committed))
+	n, err := sh.store.GC(callCtx(), int64(committed))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}

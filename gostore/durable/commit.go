@@ -1,7 +1,6 @@
 package durable
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -111,11 +110,35 @@ func (r *Run) closeEpoch(w int, epoch int64, last bool) error {
 
 // tryCommit writes the commit record for the newest epoch whose every
 // worker closed it and whose segments (and every older epoch's) are
-// uploaded.
+// uploaded. Objects of committed epochs that the backup lost are rebuilt
+// first (heal.go).
 func (r *Run) tryCommit() {
+	lost := r.commitOnce()
+	if len(lost) == 0 {
+		return
+	}
+	if err := r.heal(r.ctx, lost); err != nil {
+		r.fail(err)
+		return
+	}
+	if lost := r.commitOnce(); len(lost) > 0 {
+		r.fail(fmt.Errorf("%w: %s are still missing after they were rebuilt; not committing", ErrObjectsLost, describeObjects(lost)))
+	}
+}
+
+// commitOnce is one try of tryCommit. It returns the objects of committed
+// epochs that the new record would name but the backup lost, without
+// writing the record.
+func (r *Run) commitOnce() []ObjectRef {
 	r.commitMu.Lock()
 	defer r.commitMu.Unlock()
 	r.mu.Lock()
+	if !r.verifiedLocked() {
+		// The local stores this run resumed from are still being
+		// checked; the check's end calls tryCommit again.
+		r.mu.Unlock()
+		return nil
+	}
 	target := r.committed
 	var fresh, whole []ObjectRef
 	var wholeAt int64
@@ -145,10 +168,10 @@ func (r *Run) tryCommit() {
 	r.mu.Unlock()
 	if broken != nil {
 		r.fail(broken)
-		return
+		return nil
 	}
 	if target == r.committed || failed {
-		return
+		return nil
 	}
 	rec := CommitRecord{
 		FlowID: r.cfg.FlowID, Epoch: target, Execution: r.execution,
@@ -160,17 +183,36 @@ func (r *Run) tryCommit() {
 		rec.Objects = promoteWhole(rec.Objects, whole, wholeAt)
 	}
 	sortObjects(rec.Objects)
-	if err := r.checkNotSuperseded(r.ctx); err != nil {
+	// One listing fences this run off when a newer execution started and
+	// finds what the backup lost; a record never names a missing object.
+	var l listing
+	if err := r.retry("listing before a commit", flowPrefix(r.cfg.FlowID), func() error {
+		var err error
+		l, err = r.listFlow(r.ctx)
+		return err
+	}); err != nil {
+		r.fail(fmt.Errorf("commit epoch %d: %w", target, err))
+		return nil
+	}
+	if err := r.superseded(l); err != nil {
 		r.fail(err)
-		return
+		return nil
+	}
+	if lost := l.missing(rec.Objects); len(lost) > 0 {
+		if gone := l.missing(fresh); len(gone) > 0 {
+			r.fail(fmt.Errorf("%w: %s, uploaded for epoch %d, vanished before its commit; not committing it (the next run processes it again)",
+				ErrObjectsLost, describeObjects(gone), target))
+			return nil
+		}
+		return lost
 	}
 	// A commit record is retried like a segment: one failed request must
 	// not stop the flow.
 	if err := r.retry("commit record upload", commitKey(r.cfg.FlowID, target), func() error {
-		return writeCommit(r.ctx, r.cfg.Backup, rec)
+		return writeCommit(r.ctx, r.cfg.Backup, rec, r.cfg.Key)
 	}); err != nil {
 		r.fail(fmt.Errorf("write commit record of epoch %d: %w", target, err))
-		return
+		return nil
 	}
 	r.record = rec
 	for _, s := range r.stores {
@@ -210,30 +252,13 @@ func (r *Run) tryCommit() {
 	default:
 		// Maintenance is busy; it picks up the newest commit next round.
 	}
+	return nil
 }
 
 // ErrSuperseded is wrapped when a newer execution of the same flow has
 // started against the same backup: this run stops committing, so the two
 // never interleave their commit records.
 var ErrSuperseded = errors.New("a newer execution of this flow is running")
-
-// checkNotSuperseded fences this run off when a newer execution record
-// exists (the same flow started again, say on another machine with its own
-// local state directory). The newest execution wins; the older one fails
-// before its next commit instead of mixing states with it.
-func (r *Run) checkNotSuperseded(ctx context.Context) error {
-	objs, err := r.cfg.Backup.List(ctx, flowPrefix(r.cfg.FlowID)+executionsDir)
-	if err != nil {
-		return nil // a listing hiccup is not evidence; the commit goes on
-	}
-	for _, o := range objs {
-		if x, ok := numberAfter(o.Key, executionsDir); ok && x > r.execution {
-			return fmt.Errorf("%w: flow %q execution %d started on %s after this execution %d; this run stops committing (at epoch %d) so the two cannot mix; stop one of them",
-				ErrSuperseded, r.cfg.FlowID, x, r.cfg.Backup, r.execution, r.committed)
-		}
-	}
-	return nil
-}
 
 // Committed returns the newest committed epoch.
 func (r *Run) Committed() int64 {

@@ -56,17 +56,31 @@ func objectBytes(objs []ObjectRef) (seg, comp int64) {
 // written the old record stands, so a crash at any point leaves correct,
 // readable state.
 func (r *Run) compact(ctx context.Context, c int64) error {
+	return r.compactAt(ctx, c, false)
+}
+
+// compactAt is compact; with heal set it compacts even when compacted
+// state at c exists already (the backup lost some of it: heal.go), under
+// keys of its own.
+func (r *Run) compactAt(ctx context.Context, c int64, heal bool) error {
 	r.objectsMu.Lock()
 	defer r.objectsMu.Unlock()
 	// Object keys are named by epoch and execution: a second compaction
 	// at the same epoch would replace the objects the first one's record
 	// names, and a crash before its own record would leave that record
-	// naming objects whose checksums no longer match.
+	// naming objects whose checksums no longer match. A heal names its
+	// objects apart for the same reason.
 	r.commitMu.Lock()
 	through := compactedThrough(r.record.Objects)
 	r.commitMu.Unlock()
-	if c <= through {
+	if c <= through && !heal {
 		return nil
+	}
+	variant := 0
+	if heal {
+		r.mu.Lock()
+		variant = int(r.metrics.Heals) + 1
+		r.mu.Unlock()
 	}
 	var objs []ObjectRef
 	for w, s := range r.stores {
@@ -75,7 +89,7 @@ func (r *Run) compact(ctx context.Context, c int64) error {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return err
 		}
-		ref, err := r.compactWorker(ctx, w, s, dir, c)
+		ref, err := r.compactWorker(ctx, w, s, dir, c, variant)
 		os.RemoveAll(dir)
 		if err != nil {
 			return err
@@ -85,7 +99,7 @@ func (r *Run) compact(ctx context.Context, c int64) error {
 	r.commitMu.Lock()
 	defer r.commitMu.Unlock()
 	rec := r.record
-	if compactedThrough(rec.Objects) >= c {
+	if compactedThrough(rec.Objects) >= c && !heal {
 		// A whole-state epoch committed meanwhile already stands for
 		// this state; the objects just written are left to GC.
 		return nil
@@ -99,10 +113,14 @@ func (r *Run) compact(ctx context.Context, c int64) error {
 	sortObjects(keep)
 	rec.Objects = keep
 	rec.Execution = r.execution
-	if err := r.checkNotSuperseded(ctx); err != nil {
+	l, err := r.listFlow(ctx)
+	if err != nil {
 		return err
 	}
-	if err := writeCommit(ctx, r.cfg.Backup, rec); err != nil {
+	if err := r.superseded(l); err != nil {
+		return err
+	}
+	if err := writeCommit(ctx, r.cfg.Backup, rec, r.cfg.Key); err != nil {
 		return fmt.Errorf("write compacted commit record of epoch %d: %w", rec.Epoch, err)
 	}
 	r.record = rec
@@ -114,7 +132,7 @@ func (r *Run) compact(ctx context.Context, c int64) error {
 	return nil
 }
 
-func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir string, c int64) (ObjectRef, error) {
+func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir string, c int64, variant int) (ObjectRef, error) {
 	// Every row up to the committed epoch c was queued before c committed;
 	// one flush makes them readable, and the scan below then does not wait
 	// on the writes of the epochs that keep arriving.
@@ -172,7 +190,7 @@ func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir
 	}
 	rng := keygroup.OwnedBy(w, r.cfg.WorkerCount, r.cfg.KeyGroupCount)
 	ref := ObjectRef{
-		Key: compactedKey(r.cfg.FlowID, c, r.execution, w, r.cfg.WorkerCount), Kind: KindCompacted,
+		Key: compactedKey(r.cfg.FlowID, c, r.execution, w, r.cfg.WorkerCount, variant), Kind: KindCompacted,
 		Execution: r.execution, Worker: w, WorkerCount: r.cfg.WorkerCount, GroupLo: rng.Lo, GroupHi: rng.Hi,
 		LastEpoch: c, Rows: rows, Size: size, SHA256: sum,
 	}

@@ -174,7 +174,7 @@ func TestForeignSegmentIgnored(t *testing.T) {
 	requireModel(t, h.m, stateOf(t, run, 1, h.kgc))
 	require.NoError(t, run.Close())
 	// The other flow is untouched.
-	ost, err := durable.ReadState(ctx, h.bk, "flow-b")
+	ost, err := durable.ReadState(ctx, h.bk, "flow-b", nil)
 	require.NoError(t, err)
 	assert.Equal(t, int64(5), ost.Commit.Epoch)
 }

@@ -46,7 +46,7 @@ func (r *Run) collectGarbage(ctx context.Context) error {
 		if e <= cutoff && r.cfg.RetainFor > 0 {
 			// Past the epochs kept: still kept if young enough, which
 			// only the record itself can tell.
-			if rec, err = readCommit(ctx, b, flow, e); err != nil && !errors.Is(err, ErrCorrupt) {
+			if rec, err = readCommit(ctx, b, flow, e, r.cfg.Key); err != nil && !errors.Is(err, ErrCorrupt) {
 				return fmt.Errorf("read commit record %s: %w", o.Key, err)
 			}
 			if err == nil && time.Since(time.Unix(rec.CommittedUnix, 0)) < r.cfg.RetainFor {
@@ -63,7 +63,7 @@ func (r *Run) collectGarbage(ctx context.Context) error {
 			r.countDeleted()
 			continue
 		}
-		rec, err = readCommit(ctx, b, flow, e)
+		rec, err = readCommit(ctx, b, flow, e, r.cfg.Key)
 		if err != nil && !errors.Is(err, ErrCorrupt) {
 			// Not knowing what a retained record names, nothing may go:
 			// a failed download is no reason to break its restore.

@@ -275,7 +275,7 @@ func list(t *testing.T, b backup.Backup, sub string) []backup.ObjectInfo {
 
 func readState(t *testing.T, b backup.Backup) durable.State {
 	t.Helper()
-	st, err := durable.ReadState(context.Background(), b, testFlow)
+	st, err := durable.ReadState(context.Background(), b, testFlow, nil)
 	require.NoError(t, err)
 	return st
 }

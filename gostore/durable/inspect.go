@@ -31,8 +31,8 @@ type FlowReport struct {
 
 // Inspect reports on a flow's durable data. With keys set it downloads the
 // committed objects to count live keys per step.
-func Inspect(ctx context.Context, b backup.Backup, flow string, keys bool) (FlowReport, error) {
-	st, err := ReadState(ctx, b, flow)
+func Inspect(ctx context.Context, b backup.Backup, flow string, keys bool, k Key) (FlowReport, error) {
+	st, err := ReadState(ctx, b, flow, k)
 	if err != nil {
 		return FlowReport{}, err
 	}
@@ -123,7 +123,7 @@ type Problem struct {
 // object the retained records name (present, size, sha256, and a readable
 // snapshot file of this flow). It returns the problems found; none means
 // the data is sound.
-func Verify(ctx context.Context, b backup.Backup, flow string) ([]Problem, error) {
+func Verify(ctx context.Context, b backup.Backup, flow string, k Key) ([]Problem, error) {
 	var probs []Problem
 	list, err := b.List(ctx, flowPrefix(flow))
 	if err != nil {
@@ -146,7 +146,7 @@ func Verify(ctx context.Context, b backup.Backup, flow string) ([]Problem, error
 	checked := map[string]bool{}
 	for _, e := range commitEpochs {
 		key := commitKey(flow, e)
-		rec, err := readCommit(ctx, b, flow, e)
+		rec, err := readCommit(ctx, b, flow, e, k)
 		if err != nil {
 			probs = append(probs, Problem{Key: key, Problem: err.Error()})
 			continue
@@ -178,7 +178,7 @@ func Verify(ctx context.Context, b backup.Backup, flow string) ([]Problem, error
 			}
 		}
 	}
-	if _, err := ReadState(ctx, b, flow); err != nil && len(probs) == 0 {
+	if _, err := ReadState(ctx, b, flow, k); err != nil && len(probs) == 0 {
 		probs = append(probs, Problem{Key: flowPrefix(flow), Problem: err.Error()})
 	}
 	return probs, nil

@@ -50,7 +50,7 @@ func TestVerify(t *testing.T) {
 			if !c.sizes {
 				b = sizeless{h.bk}
 			}
-			probs, err := durable.Verify(context.Background(), b, testFlow)
+			probs, err := durable.Verify(context.Background(), b, testFlow, nil)
 			require.NoError(t, err)
 			if c.problem == "" {
 				assert.Empty(t, probs)

@@ -30,7 +30,12 @@ func segmentKey(flow string, exec int64, worker int, epoch, seq int64) string {
 	return fmt.Sprintf("%s%s%06d/w%04d-e%010d-s%06d.sqlite", flowPrefix(flow), segmentsDir, exec, worker, epoch, seq)
 }
 
-func compactedKey(flow string, epoch, exec int64, worker, count int) string {
+// compactedKey names a compacted object; variant > 0 tells apart the
+// objects of a compaction that rebuilt lost ones (heal.go).
+func compactedKey(flow string, epoch, exec int64, worker, count, variant int) string {
+	if variant > 0 {
+		return fmt.Sprintf("%s%s%010d-x%06d-w%04dof%04d-h%d.sqlite", flowPrefix(flow), compactedDir, epoch, exec, worker, count, variant)
+	}
 	return fmt.Sprintf("%s%s%010d-x%06d-w%04dof%04d.sqlite", flowPrefix(flow), compactedDir, epoch, exec, worker, count)
 }
 

@@ -2,7 +2,11 @@ package durable
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
+
+	"github.com/millpond/millpond/gostore/localstore"
 )
 
 // Maintenance: after commits, a background round collects the local
@@ -30,6 +34,11 @@ func (r *Run) runMaintenance() {
 		}
 		if r.maintCtx.Err() != nil {
 			continue // the run is finishing: drain the wake-ups
+		}
+		if !r.verified() {
+			// Compaction reads the local stores, which are still being
+			// checked; the first commit, after the check, wakes us.
+			continue
 		}
 		// The newest commit, not the one that woke us: a wake-up dropped
 		// while a round ran must not leave maintenance an epoch behind.
@@ -85,7 +94,9 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 		for w, s := range r.stores {
 			if _, err := s.GC(ctx, committed); err != nil {
 				ok = false
-				if ctx.Err() == nil {
+				if errors.Is(err, localstore.ErrDamaged) {
+					r.fail(fmt.Errorf("local gc of worker %d: %w", w, err))
+				} else if ctx.Err() == nil {
 					r.cfg.Logger.Warn("local gc failed", "worker", w, "err", err)
 					failed = true
 				}
@@ -108,7 +119,12 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 		committed = r.Committed()
 		err := r.compact(ctx, committed)
 		r.addSeconds(&r.metrics.CompactionSeconds, start)
-		if err != nil && ctx.Err() == nil {
+		if errors.Is(err, localstore.ErrDamaged) {
+			// Retrying would read the same damage; what this run
+			// committed so far stands, and the next run rebuilds the
+			// store from it.
+			r.fail(fmt.Errorf("compaction at epoch %d: %w", committed, err))
+		} else if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("durable compaction failed; will retry", "epoch", committed, "err", err)
 			failed = true
 		}

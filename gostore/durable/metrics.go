@@ -41,6 +41,12 @@ type Metrics struct {
 	// collecting the local stores and compacting the durable store.
 	LocalGCSeconds    float64
 	CompactionSeconds float64
+	// VerifySeconds is the background time spent checking fast-resumed
+	// local stores (verify.go).
+	VerifySeconds float64
+	// Heals counts compactions that rebuilt committed objects the backup
+	// had lost (heal.go).
+	Heals int64
 	// LocalWriteSeconds is the time the local stores spent writing
 	// snapshot batches (in the background, beside the flow).
 	LocalWriteSeconds float64

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -192,7 +193,10 @@ func (r *Run) retry(what, key string, op func() error) error {
 		if err = op(); err == nil {
 			return nil
 		}
-		if r.ctx.Err() != nil || attempt == r.cfg.UploadAttempts {
+		if r.ctx.Err() != nil || attempt == r.cfg.UploadAttempts || timedOut(err) {
+			// A backend whose calls time out has retried them within its
+			// own bound already: trying again here would multiply the
+			// time a hung endpoint holds the run.
 			break
 		}
 		r.cfg.Logger.Warn(what+" failed; retrying", "key", key, "attempt", attempt, "err", err)
@@ -207,4 +211,10 @@ func (r *Run) retry(what, key string, op func() error) error {
 		return err
 	}
 	return backupFailed(fmt.Errorf("gave up after %d attempts: %w", r.cfg.UploadAttempts, err))
+}
+
+// timedOut reports whether err is a backend call that ran out of time.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }

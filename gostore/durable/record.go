@@ -55,8 +55,11 @@ type CommitRecord struct {
 	Objects       []ObjectRef `json:"objects"`
 	// CommittedUnix is when the record was written (seconds since the
 	// epoch), for retention by time; absent in records of older versions.
-	CommittedUnix int64  `json:"committed_unix,omitempty"`
-	Checksum      string `json:"checksum"`
+	CommittedUnix int64 `json:"committed_unix,omitempty"`
+	// Auth is AuthHMAC when Checksum is a keyed MAC (seal.go), empty when
+	// it is a plain SHA-256.
+	Auth     string `json:"auth,omitempty"`
+	Checksum string `json:"checksum"`
 }
 
 // ExecutionRecord marks the start of a run.
@@ -68,6 +71,7 @@ type ExecutionRecord struct {
 	WorkerCount   int    `json:"worker_count"`
 	KeyGroupCount int    `json:"key_group_count"`
 	StartedUnix   int64  `json:"started_unix"`
+	Auth          string `json:"auth,omitempty"`
 	Checksum      string `json:"checksum"`
 }
 
@@ -92,58 +96,37 @@ func sortObjects(objs []ObjectRef) {
 	})
 }
 
-// sealJSON sets the record's checksum: sha256 of its JSON with the checksum
-// field empty.
-func sealJSON(v any, checksum *string) ([]byte, error) {
-	*checksum = ""
-	body, err := json.Marshal(v)
-	if err != nil {
-		return nil, err
-	}
-	sum := sha256.Sum256(body)
-	*checksum = hex.EncodeToString(sum[:])
-	return json.MarshalIndent(v, "", " ")
-}
-
-func verifyJSON(v any, checksum *string, key string) error {
-	want := *checksum
-	*checksum = ""
-	body, err := json.Marshal(v)
-	*checksum = want
-	if err != nil {
-		return err
-	}
-	sum := sha256.Sum256(body)
-	if hex.EncodeToString(sum[:]) != want {
-		return fmt.Errorf("%w: %s: checksum mismatch", ErrCorrupt, key)
-	}
-	return nil
-}
-
 // record is what decodeRecord needs of a commit or execution record.
 type record interface {
-	header() (format, flow string, checksum *string)
+	header() (format, flow string, seal *seal)
 }
 
-func (r *CommitRecord) header() (string, string, *string)    { return r.Format, r.FlowID, &r.Checksum }
-func (r *ExecutionRecord) header() (string, string, *string) { return r.Format, r.FlowID, &r.Checksum }
+func (r *CommitRecord) header() (string, string, *seal) {
+	return r.Format, r.FlowID, &seal{auth: &r.Auth, sum: &r.Checksum}
+}
 
-// decodeRecord parses a JSON record and checks its format, checksum and
-// flow, naming key in every error.
+func (r *ExecutionRecord) header() (string, string, *seal) {
+	return r.Format, r.FlowID, &seal{auth: &r.Auth, sum: &r.Checksum}
+}
+
+// decodeRecord parses a JSON record and checks its format, seal and flow,
+// naming key in every error. The seal is checked before any field is
+// trusted: with a key, a record it does not authenticate is refused
+// whatever it says.
 func decodeRecord[T any, P interface {
 	*T
 	record
-}](data []byte, key, flow, wantFormat string) (T, error) {
+}](data []byte, key, flow, wantFormat string, k Key) (T, error) {
 	var r T
 	p := P(&r)
 	if err := json.Unmarshal(data, p); err != nil {
-		return r, fmt.Errorf("%w: %s: %v", ErrCorrupt, key, err)
+		return r, fmt.Errorf("%w: %s: %v; %s", ErrCorrupt, key, err, dropRecordHint)
 	}
-	format, owner, checksum := p.header()
+	format, owner, sl := p.header()
 	if format != wantFormat {
-		return r, fmt.Errorf("%w: %s: unknown format %q", ErrCorrupt, key, format)
+		return r, fmt.Errorf("%w: %s: unknown format %q; %s", ErrCorrupt, key, format, dropRecordHint)
 	}
-	if err := verifyJSON(p, checksum, key); err != nil {
+	if err := k.check(p, sl, key); err != nil {
 		return r, err
 	}
 	if owner != flow {
@@ -152,12 +135,15 @@ func decodeRecord[T any, P interface {
 	return r, nil
 }
 
-func decodeCommit(data []byte, key, flow string) (CommitRecord, error) {
-	return decodeRecord[CommitRecord](data, key, flow, commitFormat)
+// dropRecordHint says what to do about a damaged record.
+const dropRecordHint = "restore it from a copy of the backup, or delete it (and the local state directory of the flow) to resume from the commit before it"
+
+func decodeCommit(data []byte, key, flow string, k Key) (CommitRecord, error) {
+	return decodeRecord[CommitRecord](data, key, flow, commitFormat, k)
 }
 
-func decodeExecution(data []byte, key, flow string) (ExecutionRecord, error) {
-	return decodeRecord[ExecutionRecord](data, key, flow, executionFormat)
+func decodeExecution(data []byte, key, flow string, k Key) (ExecutionRecord, error) {
+	return decodeRecord[ExecutionRecord](data, key, flow, executionFormat, k)
 }
 
 // fileSHA256 returns the hex sha256 and size of a file.

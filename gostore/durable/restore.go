@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -75,12 +76,14 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 	}
 	if committed == 0 {
 		info.Kind, info.Reason = ResumeFresh, "nothing committed yet"
+	} else if reason, damaged := localstore.Damaged(r.cfg.LocalDir, r.cfg.FlowID, w); damaged {
+		info.Reason = damagedReason(reason)
 	} else if settleErr != nil {
-		info.Reason = fmt.Sprintf("no usable local store (%v)", settleErr)
+		info.Reason = unusableReason(settleErr)
 	} else if _, err := os.Stat(marker); err == nil {
 		info.Reason = "an earlier rebuild of the local store did not finish"
 	} else if meta, err := localstore.Inspect(ctx, r.cfg.LocalDir, r.cfg.FlowID, w); err != nil {
-		info.Reason = fmt.Sprintf("no usable local store (%v)", err)
+		info.Reason = unusableReason(err)
 		if errors.Is(err, os.ErrNotExist) {
 			info.Reason = "no local store"
 		}
@@ -106,14 +109,27 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 			info.Kind, info.Reason = ResumeFast, "local store is current"
 		}
 	}
+	var store *localstore.Store
+	if info.Kind == ResumeFast {
+		// Opening rolls back uncommitted epochs and counting reads the
+		// whole index: either can find the file damaged (or written
+		// before rows had checksums), and then the store is rebuilt.
+		var err error
+		if store, err = r.openFast(ctx, cfg, &info); err != nil {
+			if !errors.Is(err, localstore.ErrDamaged) && !errors.Is(err, localstore.ErrLayoutChanged) {
+				return info, err
+			}
+			info.Kind, info.Reason = ResumeFull, unusableReason(err)
+		}
+	}
 	if info.Kind != ResumeFast {
 		if err := localstore.Remove(r.cfg.LocalDir, r.cfg.FlowID, w); err != nil {
 			return info, err
 		}
-	}
-	store, err := localstore.Open(ctx, cfg, r.resume)
-	if err != nil {
-		return info, err
+		var err error
+		if store, err = localstore.Open(ctx, cfg, r.resume); err != nil {
+			return info, err
+		}
 	}
 	if info.Kind == ResumeFull {
 		// Rows restored so far can already reach the committed epoch; the
@@ -139,11 +155,9 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 	// background once the next run starts, rather than holding up its
 	// resume) may still hold older versions of some keys: its key count is
 	// not known without reading every row.
-	if st, err := store.Stats(ctx); err == nil {
-		info.Rows = st.Rows - st.Deletions
-		info.Keys = -1
-		if info.Kind != ResumeFast || store.Meta().GCEpoch >= committed {
-			info.Keys = info.Rows
+	if info.Kind != ResumeFast {
+		if st, err := store.Stats(ctx); err == nil {
+			info.Rows, info.Keys = st.Rows-st.Deletions, st.Rows-st.Deletions
 		}
 	}
 	info.Seconds = time.Since(start).Seconds()
@@ -158,6 +172,45 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 	r.cfg.Logger.Log(ctx, level, "worker restored", "flow", r.cfg.FlowID, "worker", w, "kind", info.Kind,
 		"reason", info.Reason, "objects", info.Objects, "bytes", info.Bytes, "seconds", info.Seconds)
 	return info, nil
+}
+
+// openFast opens a current local store for a fast resume and counts its
+// rows. A store that turns out damaged is closed (and marked, so no later
+// run trusts it) and the error returned.
+func (r *Run) openFast(ctx context.Context, cfg localstore.Config, info *RestoreInfo) (*localstore.Store, error) {
+	store, err := localstore.Open(ctx, cfg, r.resume)
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.Stats(ctx)
+	if err != nil {
+		store.Close()
+		return nil, err
+	}
+	info.Rows = st.Rows - st.Deletions
+	info.Keys = -1
+	if store.Meta().GCEpoch >= r.state.Commit.Epoch {
+		info.Keys = info.Rows
+	}
+	return store, nil
+}
+
+// damagedReason is the resume reason of a store an earlier run found
+// damaged.
+func damagedReason(reason string) string {
+	if strings.HasPrefix(reason, "local store damaged") {
+		return reason
+	}
+	return "local store damaged: " + reason
+}
+
+// unusableReason is the resume reason of a store that cannot be opened or
+// judged: damaged, or something else wrong with it.
+func unusableReason(err error) string {
+	if errors.Is(err, localstore.ErrDamaged) {
+		return damagedReason(err.Error())
+	}
+	return fmt.Sprintf("no usable local store (%v)", err)
 }
 
 // rebuild fills a fresh local store with the state of worker w's key

@@ -91,12 +91,19 @@ type Config struct {
 	// in place, which costs less than a new file for a small state.
 	// Default 1024.
 	GenerationMinRows int
-	Logger            *slog.Logger
+	// Key, when set, authenticates every commit and execution record
+	// (seal.go): a record it did not seal is refused before anything it
+	// names is read. Nil seals with a plain SHA-256 (integrity only).
+	Key    Key
+	Logger *slog.Logger
 }
 
 func (c *Config) defaults() error {
 	if c.Backup == nil {
 		return errors.New("recovery needs a backup")
+	}
+	if err := c.Key.Validate(); err != nil {
+		return err
 	}
 	if err := localstore.ValidateFlowID(c.FlowID); err != nil {
 		return err
@@ -152,8 +159,12 @@ type Run struct {
 	closedAll int64 // newest epoch every worker has closed
 	err       error
 	stopped   bool
+	// verifying counts fast-resumed local stores still being checked;
+	// nothing commits until it is zero (verify.go).
+	verifying int
 
 	commitMu sync.Mutex // serializes writes of commit records
+	healMu   sync.Mutex // one heal at a time (heal.go)
 	// objectsMu keeps compaction and durable GC apart: a GC that read the
 	// newest record before a compaction at that same epoch wrote its own
 	// would take the new compacted object for an unreferenced one.
@@ -171,6 +182,10 @@ type Run struct {
 	metrics   Metrics
 	commitLog []CommitEvent
 
+	// parent is the context Open was called with: the run outlives that
+	// call, but cancelling it (an interrupt) stops the run's background
+	// work and fails its waits.
+	parent context.Context
 	ctx    context.Context
 	cancel context.CancelFunc
 	// maintCtx stops compaction and GC at the end of a run.
@@ -204,8 +219,11 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 			return nil, backupFailed(fmt.Errorf("open recovery for flow %q: backup %s is not usable: %w", cfg.FlowID, cfg.Backup, err))
 		}
 	}
-	st, err := ReadState(ctx, cfg.Backup, cfg.FlowID)
+	st, err := ReadState(ctx, cfg.Backup, cfg.FlowID, cfg.Key)
 	if err != nil {
+		return nil, fmt.Errorf("open recovery for flow %q: %w", cfg.FlowID, err)
+	}
+	if err := checkLocalCommits(ctx, cfg, st); err != nil {
 		return nil, fmt.Errorf("open recovery for flow %q: %w", cfg.FlowID, err)
 	}
 	if st.Commit.Epoch > 0 && st.Commit.KeyGroupCount != cfg.KeyGroupCount {
@@ -220,6 +238,7 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 		epochs:   map[int64]*epochState{}, committed: st.Commit.Epoch, closedAll: st.Commit.Epoch,
 		gcEpoch: st.Commit.Epoch,
 		record:  st.Commit,
+		parent:  ctx,
 	}
 	r.cond = sync.NewCond(&r.mu)
 	r.segmentBytes, r.compactedBytes = objectBytes(st.Commit.Objects)
@@ -269,12 +288,12 @@ func (r *Run) Start() error {
 	}
 	// The execution is recorded only now, with every worker's local store
 	// locked: a second start that fails on a lock must leave no record, or
-	// it would fence off the run it collided with (checkNotSuperseded).
+	// it would fence off the run it collided with (listFlow, superseded).
 	rec := ExecutionRecord{
 		FlowID: r.cfg.FlowID, Execution: r.execution, ResumeEpoch: r.resume,
 		WorkerCount: r.cfg.WorkerCount, KeyGroupCount: r.cfg.KeyGroupCount, StartedUnix: time.Now().Unix(),
 	}
-	if err := RecordExecution(context.Background(), r.cfg.Backup, rec); err != nil {
+	if err := RecordExecution(r.parent, r.cfg.Backup, rec, r.cfg.Key); err != nil {
 		return fmt.Errorf("start recovery for flow %q: record execution %d: %w", r.cfg.FlowID, r.execution, err)
 	}
 	r.cfg.Logger.Debug("execution recorded", "flow", r.cfg.FlowID, "execution", r.execution, "resume_epoch", r.resume)
@@ -288,8 +307,13 @@ func (r *Run) Start() error {
 	for _, s := range r.stores {
 		s.SetCheckpointGate(r.waitCommitsIdle)
 	}
-	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.ctx, r.cancel = context.WithCancel(r.parent)
 	r.maintCtx, r.maintCancel = context.WithCancel(r.ctx)
+	context.AfterFunc(r.ctx, func() {
+		if err := r.parent.Err(); err != nil {
+			r.fail(fmt.Errorf("recovery run of flow %q interrupted: %w", r.cfg.FlowID, err))
+		}
+	})
 	r.uploads = make(chan uploadJob, 64)
 	r.maint = make(chan int64, 1)
 	for w := range r.stores {
@@ -308,6 +332,7 @@ func (r *Run) Start() error {
 	}
 	r.wg.Add(1)
 	go r.runMaintenance()
+	r.startVerification()
 	return nil
 }
 

@@ -45,9 +45,10 @@ func (s State) ResumeEpoch() int64 { return s.Commit.Epoch + 1 }
 func (s State) NextExecution() int64 { return s.LastExecution + 1 }
 
 // ReadState reads the commit records and execution records of flow. The
-// newest commit record must be intact: a damaged one is an error naming
-// it, never a silent fall-back that would lose committed state.
-func ReadState(ctx context.Context, b backup.Backup, flow string) (State, error) {
+// newest commit record must be intact (and, with a key, authenticated by
+// it): a damaged one is an error naming it, never a silent fall-back that
+// would lose committed state.
+func ReadState(ctx context.Context, b backup.Backup, flow string, k Key) (State, error) {
 	st := State{FlowID: flow, LastExecution: -1}
 	commits, err := b.List(ctx, flowPrefix(flow)+commitsDir)
 	if err != nil {
@@ -60,9 +61,12 @@ func ReadState(ctx context.Context, b backup.Backup, flow string) (State, error)
 	}
 	sort.Slice(st.CommitEpochs, func(i, j int) bool { return st.CommitEpochs[i] < st.CommitEpochs[j] })
 	if n := len(st.CommitEpochs); n > 0 {
-		rec, err := readCommit(ctx, b, flow, st.CommitEpochs[n-1])
+		rec, err := readCommit(ctx, b, flow, st.CommitEpochs[n-1], k)
 		if err != nil {
-			return st, fmt.Errorf("%w; delete it to resume from the previous commit (epoch %s), or restore it from a copy", err, previous(st.CommitEpochs))
+			if errors.Is(err, ErrCorrupt) {
+				err = fmt.Errorf("%w (the commit before it is epoch %s)", err, previous(st.CommitEpochs))
+			}
+			return st, err
 		}
 		st.Commit = rec
 	}
@@ -88,17 +92,26 @@ func previous(epochs []int64) string {
 	return fmt.Sprint(epochs[len(epochs)-2])
 }
 
-func readCommit(ctx context.Context, b backup.Backup, flow string, epoch int64) (CommitRecord, error) {
+func readCommit(ctx context.Context, b backup.Backup, flow string, epoch int64, k Key) (CommitRecord, error) {
 	key := commitKey(flow, epoch)
 	data, err := downloadBytes(ctx, b, key)
 	if err != nil {
 		return CommitRecord{}, err
 	}
-	return decodeCommit(data, key, flow)
+	return decodeCommit(data, key, flow, k)
 }
 
-// downloadBytes fetches a small object into memory.
+// downloadBytes fetches a small object into memory: directly from a
+// backend that can (backup.Small), through a temporary file otherwise (a
+// backup written in Python).
 func downloadBytes(ctx context.Context, b backup.Backup, key string) ([]byte, error) {
+	if sb, ok := b.(backup.Small); ok {
+		data, err := sb.Get(ctx, key)
+		if err != nil {
+			return nil, backupFailed(fmt.Errorf("download %s from %s: %w", key, b, err))
+		}
+		return data, nil
+	}
 	dir, err := os.MkdirTemp("", "mp-record-")
 	if err != nil {
 		return nil, err
@@ -111,15 +124,43 @@ func downloadBytes(ctx context.Context, b backup.Backup, key string) ([]byte, er
 	return os.ReadFile(path)
 }
 
-// uploadBytes stores a small object.
-func uploadBytes(ctx context.Context, b backup.Backup, key string, data []byte) error {
+// uploadBytes stores a small object; with create set, only if no object
+// has its key (backup.ErrExists otherwise).
+func uploadBytes(ctx context.Context, b backup.Backup, key string, data []byte, create bool) error {
+	if sb, ok := b.(backup.Small); ok {
+		put := sb.Put
+		if create {
+			put = sb.Create
+		}
+		if err := put(ctx, key, data); err != nil {
+			if errors.Is(err, backup.ErrExists) {
+				return err
+			}
+			return backupFailed(fmt.Errorf("upload %s to %s: %w", key, b, err))
+		}
+		return nil
+	}
+	if create {
+		// A backend that cannot create conditionally (a backup written
+		// in Python) gets a check first: it narrows the race to two
+		// requests but cannot close it (docs/recovery.md says so).
+		objs, err := b.List(ctx, key)
+		if err != nil {
+			return backupFailed(fmt.Errorf("list %s in %s: %w", key, b, err))
+		}
+		for _, o := range objs {
+			if o.Key == key {
+				return fmt.Errorf("%s: %w", key, backup.ErrExists)
+			}
+		}
+	}
 	dir, err := os.MkdirTemp("", "mp-record-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
 	path := filepath.Join(dir, "obj")
-	if err := os.WriteFile(path, data, 0o644); err != nil {
+	if err := os.WriteFile(path, data, 0o600); err != nil {
 		return err
 	}
 	if err := b.Upload(ctx, path, key); err != nil {
@@ -128,24 +169,38 @@ func uploadBytes(ctx context.Context, b backup.Backup, key string, data []byte) 
 	return nil
 }
 
+// ErrRaced is wrapped when another run of the flow created the same
+// execution record first: two starts raced, and this one lost.
+var ErrRaced = errors.New("another run of this flow started at the same time")
+
 // RecordExecution writes the execution record of a new run, before it
-// processes anything.
-func RecordExecution(ctx context.Context, b backup.Backup, rec ExecutionRecord) error {
+// processes anything. The record is created only if it does not exist:
+// of two runs that read the same state and both want execution N, one
+// wins and the other gets ErrRaced before it wrote anything.
+func RecordExecution(ctx context.Context, b backup.Backup, rec ExecutionRecord, k Key) error {
 	rec.Format = executionFormat
-	data, err := sealJSON(&rec, &rec.Checksum)
+	data, err := k.seal(&rec, &seal{auth: &rec.Auth, sum: &rec.Checksum})
 	if err != nil {
 		return err
 	}
-	return uploadBytes(ctx, b, executionKey(rec.FlowID, rec.Execution), data)
+	key := executionKey(rec.FlowID, rec.Execution)
+	if err := uploadBytes(ctx, b, key, data, true); err != nil {
+		if errors.Is(err, backup.ErrExists) {
+			return fmt.Errorf("%w: %s on %s was created by another run of flow %q a moment ago (both read the same state); this run stops before it writes anything. Run one instance of a flow at a time",
+				ErrRaced, key, b, rec.FlowID)
+		}
+		return err
+	}
+	return nil
 }
 
-func writeCommit(ctx context.Context, b backup.Backup, rec CommitRecord) error {
+func writeCommit(ctx context.Context, b backup.Backup, rec CommitRecord, k Key) error {
 	rec.Format = commitFormat
-	data, err := sealJSON(&rec, &rec.Checksum)
+	data, err := k.seal(&rec, &seal{auth: &rec.Auth, sum: &rec.Checksum})
 	if err != nil {
 		return err
 	}
-	return uploadBytes(ctx, b, commitKey(rec.FlowID, rec.Epoch), data)
+	return uploadBytes(ctx, b, commitKey(rec.FlowID, rec.Epoch), data, false)
 }
 
 // Flows lists the flow ids that have durable data in b.

@@ -34,6 +34,10 @@ ERROR_TYPES: dict[str, type[BaseException]] = {
     "backup": errors.BackupError,
     "config": ValueError,
     "recovery": errors.RecoveryError,
+    "damaged": errors.LocalStoreDamagedError,
+    "unauthenticated": errors.UnauthenticatedError,
+    # A call into the core cut short by SIGINT or SIGTERM.
+    "interrupted": KeyboardInterrupt,
 }
 
 #: The logger the Go core's records arrive at.

@@ -17,6 +17,8 @@ __all__ = [
     "RecoveryError",
     "BackupError",
     "CorruptObjectError",
+    "UnauthenticatedError",
+    "LocalStoreDamagedError",
     "AbortExecution",
     "keyed_item_error",
 ]
@@ -43,6 +45,13 @@ class StoreLayoutError(ForeignStoreError):
     recovery rebuilds it from the durable store."""
 
 
+class LocalStoreDamagedError(StateStoreError):
+    """A worker's local state store failed a checksum or structure check.
+
+    Nothing read from it was used; the store is marked, and the next run
+    rebuilds it from the backup (a full resume)."""
+
+
 class SnapshotError(StateStoreError):
     """A state object's snapshot could not be serialized; nothing was written."""
 
@@ -57,6 +66,12 @@ class BackupError(RecoveryError):
 
 class CorruptObjectError(RecoveryError):
     """A durable or local object failed its checksum or format check."""
+
+
+class UnauthenticatedError(CorruptObjectError):
+    """A recovery record is not sealed by the configured backup key (forged,
+    or written without it), or is sealed with a key and none is configured
+    (see :mod:`millpond.backupkey`)."""
 
 
 class AbortExecution(RuntimeError):

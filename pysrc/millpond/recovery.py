@@ -30,7 +30,7 @@ import enum
 import json
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Union
@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import NoReturn
 
 from millpond.backup import Backup, backup_from_uri
+from millpond.backupkey import KEY_VAR, backup_key_from_env, check_key
 from millpond.errors import BackupError, CorruptObjectError, RecoveryError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
 
@@ -101,6 +102,12 @@ class RecoveryConfig:
     - ``compact_ratio`` / ``compact_min_bytes``: compact the durable state
       when the segments written since the last compaction exceed
       ``compact_ratio`` times the compacted state (and ``compact_min_bytes``).
+    - ``backup_key``: the key that authenticates the flow's recovery
+      records (bytes or str, at least 16 bytes; see
+      :mod:`millpond.backupkey`). ``None`` reads ``MILLPOND_BACKUP_KEY`` or
+      ``MILLPOND_BACKUP_KEY_FILE``; with neither set, records carry a plain
+      checksum, and write access to the backup means code execution on the
+      machine that resumes from it (its state is pickled).
     """
 
     local_state_dir: Path
@@ -112,8 +119,17 @@ class RecoveryConfig:
     max_epochs_in_flight: int = 4
     compact_ratio: float = 0.5
     compact_min_bytes: int = 1 << 20
+    backup_key: Union[bytes, str, None] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.backup_key is None:
+            object.__setattr__(self, "backup_key", backup_key_from_env())
+        elif isinstance(self.backup_key, str):
+            object.__setattr__(self, "backup_key", check_key(self.backup_key.encode(), "backup_key"))
+        elif isinstance(self.backup_key, bytes):
+            check_key(self.backup_key, "backup_key")
+        else:
+            raise TypeError(f"backup_key must be bytes, str or None, got {type(self.backup_key).__name__}")
         d = Path(self.local_state_dir)
         object.__setattr__(self, "local_state_dir", d)
         if d.exists() and not d.is_dir():
@@ -122,6 +138,8 @@ class RecoveryConfig:
                 "pass a directory, or a path that does not exist yet (it is created)"
             )
         object.__setattr__(self, "snapshot_mode", SnapshotMode.parse(self.snapshot_mode))
+        if isinstance(self.backup, str) and not self.backup.strip():
+            raise ValueError(f"backup {self.backup!r} is blank; pass a directory, file:///path or s3://bucket/prefix")
         if isinstance(self.backup, str):
             scheme = self.backup.split("://", 1)[0] if "://" in self.backup else ""
             if scheme not in ("", "file", "s3"):
@@ -265,6 +283,10 @@ def _run(args: argparse.Namespace) -> int:
 
     backup = _open_target(args.target)
     try:
+        key = backup_key_from_env() or b""
+    except ValueError as exc:
+        raise _BadArgument(str(exc)) from None
+    try:
         handle, owned = core_handle_for(backup)
     except TypeError as exc:  # pragma: no cover - backup_from_spec checked the methods
         raise _BadArgument(f"BACKUP {args.target}: {exc}") from None
@@ -279,7 +301,7 @@ def _run(args: argparse.Namespace) -> int:
             sys.stderr.write(f"{_PROG}: no millpond recovery data in {args.target}\n")
             return 1
         if args.cmd == "inspect":
-            reports = [_core.durable_inspect(handle, f, args.keys) for f in flows]
+            reports = [_core.durable_inspect(handle, f, args.keys, key) for f in flows]
             if args.json:
                 print(json.dumps(reports, indent=2))
             else:
@@ -287,8 +309,11 @@ def _run(args: argparse.Namespace) -> int:
                     _print_inspect(r)
             return 0
         bad = 0
+        if not key:
+            print(f"no backup key ({KEY_VAR}): checked integrity (checksums), not authenticity; "
+                  "anyone with write access to the backup could have rewritten it")
         for f in flows:
-            problems = _core.durable_verify(handle, f)
+            problems = _core.durable_verify(handle, f, key)
             for p in problems:
                 print(f"{f}: {p['key']}: {p['problem']}")
             bad += len(problems)

@@ -31,7 +31,8 @@ Exit status (the full table is in docs/cli.md): 0 when the flow finished;
 environment variable, a backup that cannot be opened, an ``IMPORT_STR``
 that does not give a valid ``Dataflow``), with one line on stderr naming
 the flag, variable or ``IMPORT_STR``; 1 when the flow failed while
-starting or running (the error and its cause on stderr); 130 on Ctrl-C.
+starting or running (the error and its cause on stderr); 130 on Ctrl-C;
+143 on SIGTERM (both stop the run as a crash would, closing its stores).
 Run with ``--log-level DEBUG`` to get full tracebacks in the log.
 
 From Python, :func:`cli_main` runs a flow with the same settings::
@@ -46,6 +47,7 @@ import argparse
 import logging
 import os
 import re
+import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -302,7 +304,7 @@ factory with literal arguments, e.g. 'flows.wc:get_flow("/tmp/in.txt", n=3)'.
 exit status: 0 the flow finished; 2 something was wrong before it started
 (a flag, an environment variable, the backup, IMPORT_STR or the flow it
 names; one line on stderr); 1 it failed while starting or running; 130
-Ctrl-C. The full table is in docs/cli.md.
+Ctrl-C; 143 SIGTERM. The full table is in docs/cli.md.
 
 Coming from Bytewax: -s is the same; -r/--recovery-directory becomes -d DIR
 (and -b URI); there is no --backup-interval (every committed epoch is backed
@@ -361,6 +363,14 @@ def _build_parser() -> _Parser:
     for i, (flags, hint) in enumerate(_BYTEWAX_FLAGS):
         p.add_argument(*flags, action=_BytewaxFlag, dest=f"_bytewax_{i}", hint=hint)
     return p
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: stop as Ctrl-C does, with status 143."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise _Terminated()
 
 
 def _fail(message: str, status: int = 2) -> int:
@@ -483,6 +493,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         problem = _local_state_dir_problem(Path(args.local_state_dir))
         if problem is not None:
             return _fail(f"{named('local_state_dir')}: {problem}")
+    if args.backup is not None and not args.backup.strip():
+        return _fail(f"{named('backup')}: the backup is blank; pass a directory, file:///path or s3://bucket/prefix")
     if args.backup is not None and not is_backup_spec_factory(args.backup):
         hint = _bare_number_hint(args.backup)
         if hint is not None:
@@ -521,6 +533,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from millpond.errors import DataflowError, RecoveryError, StateStoreError
 
+    # SIGTERM (a service manager stopping the flow) ends the run as Ctrl-C
+    # does: epochs in flight are abandoned, the stores closed cleanly.
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         cli_main(
             flow,
@@ -530,6 +545,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             epoch_interval=args.epoch_interval,
             recovery_config=recovery_config,
         )
+    except _Terminated:
+        logger.debug("terminated")
+        return 143
     except KeyboardInterrupt:
         logger.debug("interrupted")
         return 130

@@ -2,7 +2,9 @@
 
 Sources read lines (``FileSource``, ``DirSource``) or CSV rows
 (``CSVSource``) and snapshot the byte offset after the last item they
-emitted; a resumed run seeks there. Sinks (``FileSink``, ``DirSink``) write
+emitted, with a checksum of the bytes just before it; a resumed run seeks
+there, and logs a warning when those bytes changed (the file was replaced
+since the snapshot, so the resumed run would mix two inputs). Sinks (``FileSink``, ``DirSink``) write
 ``str`` values followed by ``end``, snapshot the byte offset they have
 written (after an ``fsync``, since the snapshot claims the bytes are on
 disk) and, when resumed, truncate the file back to that offset before
@@ -32,10 +34,11 @@ state, so whatever ``get_fs_id`` returns must stay the same across restarts.
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from millpond.inputs import FixedPartitionedSource, StatefulSourcePartition
 from millpond.outputs import FixedPartitionedSink, StatefulSinkPartition
@@ -50,6 +53,17 @@ __all__ = [
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+logger = logging.getLogger("millpond")
+
+#: A source partition's resume state: the byte offset of its next item and
+#: a CRC-32 of the bytes before it (at most ``_PRINT_BYTES``), by which a
+#: resume tells that the file changed. A plain offset (older snapshots) is
+#: resumed without the check.
+SourcePosition = Union[int, Tuple[int, int]]
+
+#: How many bytes before the resume offset the fingerprint covers.
+_PRINT_BYTES = 4096
 
 
 def local_fs_id(path: Path) -> str:
@@ -80,11 +94,23 @@ def _check_batch_size(batch_size: int) -> None:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
 
 
-def _open_at(path: Path, offset: Optional[int]) -> "tuple[Any, int]":
-    """Open ``path`` for reading positioned at ``offset`` (``None`` = start)."""
-    f = open(path, "rb")  # noqa: SIM115  (owned by the partition, closed in close())
-    if not offset:
-        return f, 0
+def _fingerprint(f: Any, offset: int) -> int:
+    """CRC-32 of the bytes of ``f`` just before ``offset``."""
+    start = max(0, offset - _PRINT_BYTES)
+    return zlib.crc32(os.pread(f.fileno(), offset - start, start))
+
+
+def _position(f: Any, offset: int) -> Tuple[int, int]:
+    """The resume state of a partition whose next item starts at ``offset``."""
+    return (offset, _fingerprint(f, offset))
+
+
+def _seek_resume(path: Path, f: Any, state: Optional[SourcePosition]) -> int:
+    """Position ``f`` at the resume state's offset (0 without one) and
+    return it; warn when the bytes before it changed since the snapshot."""
+    if not state:
+        return 0
+    offset, expected = (state, None) if isinstance(state, int) else state
     size = os.fstat(f.fileno()).st_size
     if offset > size:
         f.close()
@@ -92,8 +118,22 @@ def _open_at(path: Path, offset: Optional[int]) -> "tuple[Any, int]":
             f"{path}: cannot resume at byte {offset}, the file has only {size} bytes; "
             "it was truncated or replaced since the snapshot"
         )
+    if expected is not None and _fingerprint(f, offset) != expected:
+        logger.warning(
+            "%s changed since the snapshot this run resumes from: the bytes before the resume position "
+            "(byte %d) differ, so the file was replaced or rewritten. The run goes on from byte %d of the "
+            "file as it is now, mixing its input with the old one's; to process a new input from its start, "
+            "run it as a new flow (another flow id, or remove the flow's recovery state)",
+            path, offset, offset,
+        )
     f.seek(offset)
-    return f, offset
+    return offset
+
+
+def _open_at(path: Path, state: Optional[SourcePosition]) -> "tuple[Any, int]":
+    """Open ``path`` for reading positioned at the resume state (``None`` = start)."""
+    f = open(path, "rb")  # noqa: SIM115  (owned by the partition, closed in close())
+    return f, _seek_resume(path, f, state)
 
 
 def _strip_eol(line: str) -> str:
@@ -104,10 +144,10 @@ def _strip_eol(line: str) -> str:
     return line
 
 
-class _LinePartition(StatefulSourcePartition[str, int]):
-    """Reads a file's lines; the resume state is the byte offset of the next line."""
+class _LinePartition(StatefulSourcePartition[str, SourcePosition]):
+    """Reads a file's lines; the resume state is the position of the next line."""
 
-    def __init__(self, path: Path, batch_size: int, resume_state: Optional[int]) -> None:
+    def __init__(self, path: Path, batch_size: int, resume_state: Optional[SourcePosition]) -> None:
         self._path = path
         self._batch_size = batch_size
         self._f, self._offset = _open_at(path, resume_state)
@@ -131,8 +171,8 @@ class _LinePartition(StatefulSourcePartition[str, int]):
             raise StopIteration()
         return out
 
-    def snapshot(self) -> int:
-        return self._offset
+    def snapshot(self) -> SourcePosition:
+        return _position(self._f, self._offset)
 
     def close(self) -> None:
         self._f.close()
@@ -152,7 +192,7 @@ class _OneFile:
         return [f"{_fs_id(self._get_fs_id, self._path)}::{self._path}"]
 
 
-class FileSource(_OneFile, FixedPartitionedSource[str, int]):
+class FileSource(_OneFile, FixedPartitionedSource[str, SourcePosition]):
     """Read a text file (UTF-8) line by line, without line endings.
 
     One partition, so one worker reads the file. Emits batches of up to
@@ -172,12 +212,12 @@ class FileSource(_OneFile, FixedPartitionedSource[str, int]):
         super().__init__(path, batch_size, get_fs_id)
 
     def build_part(
-        self, step_id: str, for_part: str, resume_state: Optional[int]
-    ) -> StatefulSourcePartition[str, int]:
+        self, step_id: str, for_part: str, resume_state: Optional[SourcePosition]
+    ) -> StatefulSourcePartition[str, SourcePosition]:
         return _LinePartition(self._path, self._batch_size, resume_state)
 
 
-class DirSource(FixedPartitionedSource[str, int]):
+class DirSource(FixedPartitionedSource[str, SourcePosition]):
     """Read every file in ``dir`` matching ``glob_pat``, one partition per file.
 
     Each file is read like :class:`FileSource`, so partitions (files) are
@@ -210,19 +250,19 @@ class DirSource(FixedPartitionedSource[str, int]):
         return [f"{fs_id}::{rel}" for rel in rels]
 
     def build_part(
-        self, step_id: str, for_part: str, resume_state: Optional[int]
-    ) -> StatefulSourcePartition[str, int]:
+        self, step_id: str, for_part: str, resume_state: Optional[SourcePosition]
+    ) -> StatefulSourcePartition[str, SourcePosition]:
         return _LinePartition(self._dir / _split_part(for_part), self._batch_size, resume_state)
 
 
-class _CSVPartition(StatefulSourcePartition[Dict[str, Any], int]):
-    """Reads CSV rows as dicts; the resume state is the byte offset of the next row."""
+class _CSVPartition(StatefulSourcePartition[Dict[str, Any], SourcePosition]):
+    """Reads CSV rows as dicts; the resume state is the position of the next row."""
 
     def __init__(
         self,
         path: Path,
         batch_size: int,
-        resume_state: Optional[int],
+        resume_state: Optional[SourcePosition],
         fmtparams: Dict[str, Any],
     ) -> None:
         self._path = path
@@ -241,15 +281,7 @@ class _CSVPartition(StatefulSourcePartition[Dict[str, Any], int]):
         if header is not None and header and header[0].startswith("\ufeff"):
             header[0] = header[0][1:]  # a UTF-8 byte order mark from spreadsheet exports
         if resume_state:
-            size = os.fstat(self._f.fileno()).st_size
-            if resume_state > size:
-                self._f.close()
-                raise ValueError(
-                    f"{path}: cannot resume at byte {resume_state}, the file has only "
-                    f"{size} bytes; it was truncated or replaced since the snapshot"
-                )
-            self._f.seek(resume_state)
-            self._offset = resume_state
+            self._offset = _seek_resume(path, self._f, resume_state)
         self._reader: Optional[Iterator[Dict[str, Any]]] = (
             None if header is None else csv.DictReader(lines, fieldnames=header, **fmtparams)
         )
@@ -283,14 +315,14 @@ class _CSVPartition(StatefulSourcePartition[Dict[str, Any], int]):
             raise StopIteration()
         return out
 
-    def snapshot(self) -> int:
-        return self._offset
+    def snapshot(self) -> SourcePosition:
+        return _position(self._f, self._offset)
 
     def close(self) -> None:
         self._f.close()
 
 
-class CSVSource(_OneFile, FixedPartitionedSource[Dict[str, Any], int]):
+class CSVSource(_OneFile, FixedPartitionedSource[Dict[str, Any], SourcePosition]):
     """Read a CSV file (UTF-8) with a header row; emit one ``dict`` per row.
 
     Values are strings, keyed by the header's column names, as with
@@ -318,8 +350,8 @@ class CSVSource(_OneFile, FixedPartitionedSource[Dict[str, Any], int]):
         self._fmtparams = fmtparams
 
     def build_part(
-        self, step_id: str, for_part: str, resume_state: Optional[int]
-    ) -> StatefulSourcePartition[Dict[str, Any], int]:
+        self, step_id: str, for_part: str, resume_state: Optional[SourcePosition]
+    ) -> StatefulSourcePartition[Dict[str, Any], SourcePosition]:
         return _CSVPartition(self._path, self._batch_size, resume_state, self._fmtparams)
 
 

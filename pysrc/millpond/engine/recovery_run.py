@@ -19,6 +19,7 @@ from typing import Any, Optional
 from millpond import _core
 from millpond._corebridge import sync_log_level
 from millpond.backup import core_handle_for
+from millpond.engine.interrupts import CoreInterrupts
 from millpond.engine.restore_progress import RestoreProgress
 from millpond.errors import RecoveryError, StateStoreError
 from millpond.recovery import RecoveryConfig, SnapshotMode
@@ -57,6 +58,10 @@ class RecoveryRun:
         # The epoch each worker last snapshotted (snapshot_epoch).
         self._snapshotted = [0] * worker_count
         self.restores: list[dict[str, Any]] = []
+        # Ctrl-C must stop a call that waits on a backend that never
+        # answers, as it stops the flow anywhere else.
+        self._interrupts = CoreInterrupts()
+        self._interrupts.start()
         sync_log_level(_core)
         start = time.perf_counter()
         try:
@@ -65,6 +70,7 @@ class RecoveryRun:
                 self._backup_handle, config.snapshot_mode.value, config.max_epochs_in_flight,
                 config.retain_epochs, config.retain_for.total_seconds() if config.retain_for else 0.0,
                 float(config.compact_ratio), config.compact_min_bytes,
+                bytes(config.backup_key or b""),
             )
             info = _core.run_info(self._handle)
             self.execution: int = info["execution"]
@@ -220,6 +226,7 @@ class RecoveryRun:
         if self._owns_backup:
             _core.backup_close(self._backup_handle)
             self._owns_backup = False
+        self._interrupts.stop()
         # What the core logged while the run went on reaches logging
         # before the run returns.
         _core.log_flush()
