@@ -240,11 +240,16 @@ func (b *bulkConn) scanStep(p *page, f *File, step, after string, inclusive bool
 		crcCol = "0"
 	}
 	arm := func(table, src string) string {
-		q := `SELECT state_key, epoch, value IS NULL, value, ` + src + `, key_group, ` + crcCol + ` FROM ` + table + ` WHERE step_id = ?1 AND state_key `
+		// No upper bound on the step: a row whose step id was damaged
+		// into another type (a flipped bit in a record header turns text
+		// into a blob, which sorts after all text) would end a bounded
+		// range early and hide every row after it. Unbounded, the scan
+		// reads that row, and stops at the first row of another step.
+		q := `SELECT state_key, epoch, value IS NULL, value, ` + src + `, key_group, ` + crcCol + `, step_id FROM ` + table + ` WHERE (step_id, state_key) `
 		if inclusive {
-			q += `>= ?2`
+			q += `>= (?1, ?2)`
 		} else {
-			q += `> ?2`
+			q += `> (?1, ?2)`
 		}
 		q += ` AND epoch < ?3`
 		if groups != nil {
@@ -258,7 +263,7 @@ func (b *bulkConn) scanStep(p *page, f *File, step, after string, inclusive bool
 		// tables the recent row comes last and wins, being the newer write.
 		q += ` UNION ALL ` + arm("recent", "1")
 	}
-	q += ` ORDER BY 1, 2, 5 LIMIT ?4`
+	q += ` ORDER BY 8, 1, 2, 5 LIMIT ?4`
 	st, err := b.cached(q)
 	if err != nil {
 		return 0, err
@@ -291,6 +296,12 @@ func (b *bulkConn) scanStep(p *page, f *File, step, after string, inclusive bool
 		default:
 			return read, b.errorf("scan", rc)
 		}
+		if err := b.checkTypes(st, scanTypes); err != nil {
+			return read, err
+		}
+		if string(b.columnBytes(st, 7, false)) != step {
+			return read, nil // the next step's rows: this one is done
+		}
 		read++
 		key := b.columnBytes(st, 0, false)
 		epoch := sqlite3.Xsqlite3_column_int64(b.tls, st, 1)
@@ -320,6 +331,33 @@ func (b *bulkConn) scanStep(p *page, f *File, step, after string, inclusive bool
 		prevKey = p.key(len(p.starts) - 1)
 		prevEpoch, prevSrc, havePrev = epoch, src, true
 	}
+}
+
+// Column types a row must come back with: a flipped bit in a record's
+// header can change a column's type while its bytes, and so its checksum,
+// stay the same; SQLite then sorts and compares it as another value.
+const (
+	typeText    = sqlite3.SQLITE_TEXT
+	typeInt     = sqlite3.SQLITE_INTEGER
+	typeBlob    = sqlite3.SQLITE_BLOB
+	typeNull    = sqlite3.SQLITE_NULL
+	typeBlobNil = -1 // a blob, or NULL for a deletion
+)
+
+// scanTypes are the types of scanStep's columns (-2: not checked).
+var scanTypes = []int32{typeText, typeInt, -2, typeBlobNil, -2, typeInt, typeInt, typeText}
+
+// checkTypes checks the current row's column types against want.
+func (b *bulkConn) checkTypes(st uintptr, want []int32) error {
+	for i, w := range want {
+		got := sqlite3.Xsqlite3_column_type(b.tls, st, int32(i))
+		switch {
+		case w == -2, got == w, w == typeBlobNil && (got == typeBlob || got == typeNull):
+		default:
+			return damagedf(b.path, "column %d of a row has type %d, not %d (damaged record header)", i, got, w)
+		}
+	}
+	return nil
 }
 
 // fold moves the recent table's rows into snaps in one transaction (in

@@ -24,12 +24,23 @@ func (f *File) Get(ctx context.Context, step, key string, before int64) (row row
 	if f.legacy {
 		crcCol = "0"
 	}
-	q := `SELECT epoch, key_group, value, value IS NULL, ` + crcCol + `, 0 FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3`
+	// The range has no upper bound, and the first row past the key is
+	// read too: a row of this key whose step id or key was damaged into a
+	// blob (one flipped bit in its record header) sorts after all text
+	// and would end a bounded range early, hiding the newer versions
+	// after it. Unbounded, its type gives it away.
+	arm := func(table, src string) string {
+		return `SELECT step_id, state_key, epoch, key_group, value, value IS NULL, ` + crcCol + `, ` + src + `,
+			typeof(step_id) = 'text' AND typeof(state_key) = 'text' AND typeof(epoch) = 'integer'
+			AND typeof(key_group) = 'integer' AND typeof(value) IN ('blob', 'null') AND typeof(` + crcCol + `) = 'integer'
+			FROM ` + table + ` WHERE (step_id, state_key) >= (?1, ?2) AND epoch < ?3`
+	}
+	q := arm("snaps", "0")
 	if f.hasRecent {
 		// The recent row wins a tie on epoch: it is the newer write.
-		q += ` UNION ALL SELECT epoch, key_group, value, value IS NULL, ` + crcCol + `, 1 FROM recent WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3`
+		q += ` UNION ALL ` + arm("recent", "1")
 	}
-	q += ` ORDER BY 1, 6`
+	q += ` ORDER BY 1, 2, 3, 8`
 	fail := func(err error) (rowbatch.Row, bool, error) {
 		return rowbatch.Row{}, false, classify(f.path, fmt.Sprintf("get %s/%q", step, key), fmt.Errorf("get %s/%q from %s: %w", step, key, f.path, err))
 	}
@@ -41,11 +52,17 @@ func (f *File) Get(ctx context.Context, step, key string, before int64) (row row
 	prevEpoch, prevSrc := int64(math.MinInt64), 0
 	for rows.Next() {
 		var epoch, group, sum int64
-		var val []byte
-		var isNull bool
+		var gotStep, gotKey, val []byte
+		var isNull, typesOK bool
 		var src int
-		if err := rows.Scan(&epoch, &group, &val, &isNull, &sum, &src); err != nil {
+		if err := rows.Scan(&gotStep, &gotKey, &epoch, &group, &val, &isNull, &sum, &src, &typesOK); err != nil {
 			return fail(err)
+		}
+		if !typesOK && !f.legacy {
+			return rowbatch.Row{}, false, damagedf(f.path, "step %q key %q: a row near it has columns of the wrong type (damaged record header)", step, key)
+		}
+		if string(gotStep) != step || string(gotKey) != key {
+			break // the first row past the key: its type was checked
 		}
 		if epoch < prevEpoch || (epoch == prevEpoch && src <= prevSrc) {
 			return rowbatch.Row{}, false, damagedf(f.path, "step %q key %q: epoch %d read after epoch %d (rows out of order)", step, key, epoch, prevEpoch)

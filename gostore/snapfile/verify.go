@@ -75,6 +75,9 @@ func (f *File) quickCheck(ctx context.Context) error {
 	return nil
 }
 
+// verifyTypes are the types of verifyTable's columns (-2: not checked).
+var verifyTypes = []int32{typeText, typeText, typeInt, typeInt, -2, typeBlobNil, typeInt}
+
 // verifyTable reads every row of table in primary-key order and checks
 // each against its checksum and its predecessor.
 func (b *bulkConn) verifyTable(ctx context.Context, f *File, table string) error {
@@ -101,6 +104,9 @@ func (b *bulkConn) verifyTable(ctx context.Context, f *File, table string) error
 			return nil
 		default:
 			return b.errorf("verify", rc)
+		}
+		if err := b.checkTypes(st, verifyTypes); err != nil {
+			return err
 		}
 		step := b.columnBytes(st, 0, false)
 		key := b.columnBytes(st, 1, false)
