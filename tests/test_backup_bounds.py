@@ -11,20 +11,18 @@ URI parameter names the tests depend on are the constants below.
 
 from __future__ import annotations
 
-import os
 import signal
 import stat
 import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Iterator, List
 
 import pytest
 
 from helpers.faultproxy import FaultProxy
 from helpers.mpflow import (
-    PYTHON,
     child_env,
     commit_records,
     expected_output,
@@ -139,7 +137,7 @@ def test_a_slow_endpoint_is_waited_for(proxy: FaultProxy, tmp_path: Path) -> Non
     the run ends with the exact output."""
     d = make_run_dir(tmp_path / "run", lines=300)
     proxy.mode = "slow"
-    proxy.delay = 0.3
+    proxy.delay = 0.2
     res = run(run_argv(backup=_uri(proxy.endpoint)), d, timeout=60)
     assert res.returncode == 0, f"a slow endpoint failed the run: {res}"
     assert (d / "out.txt").read_text() == expected_output(lines=300)

@@ -22,7 +22,7 @@ import sqlite3
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict, Iterator, List, Set, Tuple
+from typing import Callable, Dict, List, Set, Tuple
 
 import pytest
 
@@ -418,7 +418,8 @@ def _tamper_field(rec: Path) -> None:
 
 
 @pytest.mark.parametrize("tamper", [_tamper_checksum, _tamper_field], ids=["checksum", "field"])
-def test_a_tampered_commit_record_is_refused_by_name(keyed_base: Path, tmp_path: Path, tamper) -> None:  # type: ignore[no-untyped-def]
+def test_a_tampered_commit_record_is_refused_by_name(keyed_base: Path, tmp_path: Path,
+                                                   tamper: Callable[[Path], None]) -> None:
     """With a key, a commit record whose authentication fails is refused by
     name before anything it says is used: the run does not start, so the
     output file is left exactly as it was."""

@@ -22,9 +22,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Iterator, List, Optional, Tuple
-
-import pytest
+from typing import List, Optional, Tuple
 
 MODES = ("forward", "slow", "hang", "error500")
 
@@ -249,12 +247,3 @@ class FaultProxy:
                     except OSError:
                         pass
 
-
-@pytest.fixture
-def fault_proxy(s3_server) -> Iterator[FaultProxy]:  # type: ignore[no-untyped-def]
-    """A :class:`FaultProxy` in ``forward`` mode in front of ``s3_server``, stopped afterwards."""
-    proxy = FaultProxy(s3_server.endpoint)
-    try:
-        yield proxy
-    finally:
-        proxy.close()
