@@ -37,8 +37,9 @@ from helpers.s3server import S3Server
 
 #: URI parameter: how long one S3 request may take.
 TIMEOUT_PARAM = "timeout"
-#: URI parameter: how many times a request is tried.
-ATTEMPTS_PARAM = "attempts"
+#: URI parameter: how many times a request is tried (the core's name for
+#: it, documented in docs/recovery.md; the brief called it ``attempts``).
+ATTEMPTS_PARAM = "max_attempts"
 #: An S3 request that got no answer in time.
 NO_ANSWER = "did not answer"
 #: What an HTTP 500 answer is reported as (any one of these).
