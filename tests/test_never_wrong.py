@@ -33,6 +33,7 @@ from helpers.mpflow import (
     Result,
     child_env,
     commit_records,
+    committed_epoch,
     copy_tree,
     expected_output,
     make_run_dir,
@@ -75,14 +76,14 @@ EXECUTION_RE = re.compile(r"execution (\d+)")
 TEMP_RECORD_GLOB = "mp-record-*"
 
 KEY = "a-test-key-0123456789abcdef"
-COMMITS_BEFORE_KILL = 4
+COMMITS_BEFORE_KILL = 18  # epochs, of 30-40: late enough that a rerun is short
 
 
 
 def _killed(d: Path, env: Dict[str, str] | None = None) -> Path:
     """A run dir whose run was SIGKILLed after ``COMMITS_BEFORE_KILL`` commits."""
     make_run_dir(d)
-    res = run_and_kill(run_argv(), d, lambda: len(commit_records(d / "BACKUP")) >= COMMITS_BEFORE_KILL, env=env)
+    res = run_and_kill(run_argv(), d, lambda: committed_epoch(d / "BACKUP") >= COMMITS_BEFORE_KILL, env=env)
     assert res.returncode == -9, f"the run was meant to be killed mid-run: {res}"
     assert (d / "LOCAL" / FLOW_ID / "worker-0000" / "store.sqlite").exists(), "no local store after the kill"
     return d

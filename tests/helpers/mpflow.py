@@ -228,6 +228,13 @@ def commit_records(backup: Path, flow: str = FLOW_ID) -> List[Path]:
     return sorted(d.glob("*.json")) if d.is_dir() else []
 
 
+def committed_epoch(backup: Path, flow: str = FLOW_ID) -> int:
+    """The newest committed epoch in a directory backup (0 for none); not the
+    number of records, since only the newest ten are retained."""
+    records = commit_records(backup, flow)
+    return int(records[-1].stem) if records else 0
+
+
 def run_and_kill(argv: Sequence[str], cwd: Path, until: Callable[[], bool], env: Optional[Dict[str, str]] = None,
                  timeout: float = 30, extra_delay: float = 0.0) -> Result:
     """Start a run, wait until ``until()`` holds (e.g. some epochs are
