@@ -7,7 +7,6 @@ package main
 import "C"
 
 import (
-	"context"
 	"time"
 	"unsafe"
 

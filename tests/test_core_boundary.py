@@ -75,7 +75,7 @@ def test_errors_of_the_core_arrive_as_millpond_exception_classes(tmp_path):
         _core.store_meta(123456789)
     with pytest.raises(ValueError, match="unknown snapshot mode"):
         _core.run_open(str(tmp_path), "f", 1, 16, _core.backup_open(str(tmp_path / "b")), "sometimes",
-                       4, 10, 0.0, 0.5, 1 << 20)
+                       4, 10, 0.0, 0.5, 1 << 20, b"")
 
 
 def test_an_unknown_error_kind_cannot_be_registered():

@@ -100,11 +100,16 @@ def test_flow_in_an_empty_backup_exits_2(tmp_path):
     assert out.stderr == f"{PROG}: error: --flow wc: no flow 'wc' in {tmp_path}; it holds no millpond recovery data\n"
 
 
+#: What verify says on stderr when no backup key is configured.
+NO_KEY_NOTE = (f"{PROG}: note: no backup key (MILLPOND_BACKUP_KEY): checked integrity (checksums), "
+               "not authenticity; anyone with write access to the backup could have rewritten it\n")
+
+
 def test_verify_one_flow_and_every_flow(backup_dir):
     out = recovery_cli("verify", str(backup_dir), "--flow", "wc")
-    assert (out.returncode, out.stdout, out.stderr) == (0, "wc: ok\n", "")
+    assert (out.returncode, out.stdout, out.stderr) == (0, "wc: ok\n", NO_KEY_NOTE)
     out = recovery_cli("verify", str(backup_dir))
-    assert (out.returncode, out.stdout, out.stderr) == (0, "totals: ok\nwc: ok\n", "")
+    assert (out.returncode, out.stdout, out.stderr) == (0, "totals: ok\nwc: ok\n", NO_KEY_NOTE)
 
 
 def test_inspect_one_flow(backup_dir):
@@ -183,7 +188,7 @@ def test_inspect_takes_a_python_backup_factory(backup_dir, factory_dir):
 
 def test_verify_takes_a_python_backup_factory(backup_dir, factory_dir):
     out = recovery_cli("verify", f"mybackups:make({str(backup_dir)!r})", cwd=factory_dir)
-    assert (out.returncode, out.stdout, out.stderr) == (0, "totals: ok\nwc: ok\n", "")
+    assert (out.returncode, out.stdout, out.stderr) == (0, "totals: ok\nwc: ok\n", NO_KEY_NOTE)
 
 
 @pytest.mark.parametrize(
@@ -278,6 +283,6 @@ def test_inspect_and_verify_an_s3_backup(tmp_path, s3_server):
     uri = s3_server.uri("recovery-cli")
     run_child(code, s3_server, tmp_path, str(tmp_path / "state"), uri)
     out = recovery_cli("verify", uri, env=child_env(s3_server))
-    assert (out.returncode, out.stdout, out.stderr) == (0, "wc: ok\n", "")
+    assert (out.returncode, out.stdout, out.stderr) == (0, "wc: ok\n", NO_KEY_NOTE)
     out = recovery_cli("verify", uri, "--flow", "w", env=child_env(s3_server))
     assert (out.returncode, out.stderr) == (2, f"{PROG}: error: --flow w: no flow 'w' in {uri}; the flows there: wc\n")

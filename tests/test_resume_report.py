@@ -44,7 +44,7 @@ def _restored(caplog: pytest.LogCaptureFixture) -> List[Tuple[str, int, str]]:
 
 def _inspected_keys(backup_dir: str) -> int:
     b = backup_from_uri(backup_dir)
-    report = _core.durable_inspect(b.core_handle(), "rr", True)
+    report = _core.durable_inspect(b.core_handle(), "rr", True, b"")
     return sum(report["keys_per_step"].values())
 
 

@@ -71,7 +71,12 @@ type ExecutionRecord struct {
 	WorkerCount   int    `json:"worker_count"`
 	KeyGroupCount int    `json:"key_group_count"`
 	StartedUnix   int64  `json:"started_unix"`
-	Auth          string `json:"auth,omitempty"`
+	// Nonce is random: two runs that race for one execution number write
+	// records that differ, so a run that finds the record there can tell
+	// its own (a retried create whose first answer was lost) from the
+	// winner's.
+	Nonce string `json:"nonce,omitempty"`
+	Auth  string `json:"auth,omitempty"`
 	Checksum      string `json:"checksum"`
 }
 

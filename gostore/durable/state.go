@@ -1,7 +1,9 @@
 package durable
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -108,7 +110,7 @@ func downloadBytes(ctx context.Context, b backup.Backup, key string) ([]byte, er
 	if sb, ok := b.(backup.Small); ok {
 		data, err := sb.Get(ctx, key)
 		if err != nil {
-			return nil, backupFailed(fmt.Errorf("download %s from %s: %w", key, b, err))
+			return nil, backupFailed(err) // it names the key and the store
 		}
 		return data, nil
 	}
@@ -136,7 +138,7 @@ func uploadBytes(ctx context.Context, b backup.Backup, key string, data []byte, 
 			if errors.Is(err, backup.ErrExists) {
 				return err
 			}
-			return backupFailed(fmt.Errorf("upload %s to %s: %w", key, b, err))
+			return backupFailed(err) // it names the key and the store
 		}
 		return nil
 	}
@@ -179,12 +181,16 @@ var ErrRaced = errors.New("another run of this flow started at the same time")
 // wins and the other gets ErrRaced before it wrote anything.
 func RecordExecution(ctx context.Context, b backup.Backup, rec ExecutionRecord, k Key) error {
 	rec.Format = executionFormat
+	rec.Nonce = rand.Text()
 	data, err := k.seal(&rec, &seal{auth: &rec.Auth, sum: &rec.Checksum})
 	if err != nil {
 		return err
 	}
 	key := executionKey(rec.FlowID, rec.Execution)
 	if err := uploadBytes(ctx, b, key, data, true); err != nil {
+		if errors.Is(err, backup.ErrExists) && isOwnRecord(ctx, b, key, data) {
+			return nil
+		}
 		if errors.Is(err, backup.ErrExists) {
 			return fmt.Errorf("%w: %s on %s was created by another run of flow %q a moment ago (both read the same state); this run stops before it writes anything. Run one instance of a flow at a time",
 				ErrRaced, key, b, rec.FlowID)
@@ -192,6 +198,13 @@ func RecordExecution(ctx context.Context, b backup.Backup, rec ExecutionRecord, 
 		return err
 	}
 	return nil
+}
+
+// isOwnRecord reports whether the object at key holds data: a create whose
+// answer was lost and that was retried finds its own record there.
+func isOwnRecord(ctx context.Context, b backup.Backup, key string, data []byte) bool {
+	got, err := downloadBytes(ctx, b, key)
+	return err == nil && bytes.Equal(got, data)
 }
 
 func writeCommit(ctx context.Context, b backup.Backup, rec CommitRecord, k Key) error {

@@ -45,13 +45,6 @@ class StoreLayoutError(ForeignStoreError):
     recovery rebuilds it from the durable store."""
 
 
-class LocalStoreDamagedError(StateStoreError):
-    """A worker's local state store failed a checksum or structure check.
-
-    Nothing read from it was used; the store is marked, and the next run
-    rebuilds it from the backup (a full resume)."""
-
-
 class SnapshotError(StateStoreError):
     """A state object's snapshot could not be serialized; nothing was written."""
 
@@ -66,6 +59,13 @@ class BackupError(RecoveryError):
 
 class CorruptObjectError(RecoveryError):
     """A durable or local object failed its checksum or format check."""
+
+
+class LocalStoreDamagedError(CorruptObjectError, StateStoreError):
+    """A worker's local state store failed a checksum or structure check.
+
+    Nothing read from it was used; the store is marked, and the next run
+    rebuilds it from the backup (a full resume)."""
 
 
 class UnauthenticatedError(CorruptObjectError):

@@ -42,6 +42,7 @@ from millpond.backup import Backup, backup_from_uri
 from millpond.backupkey import KEY_VAR, backup_key_from_env, check_key
 from millpond.errors import BackupError, CorruptObjectError, RecoveryError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
+from millpond.redact import redact_uri
 
 __all__ = [
     "SnapshotMode",
@@ -242,7 +243,7 @@ def _open_target(target: str) -> Any:
     try:
         backup = backup_from_spec(target)
     except ImportStringError as exc:
-        raise _BadArgument(f"BACKUP {target}: {exc}") from None
+        raise _BadArgument(f"BACKUP {redact_uri(target)}: {exc}") from None
     if not isinstance(backup, str):
         return backup
     scheme, sep, rest = backup.partition("://")
@@ -253,13 +254,13 @@ def _open_target(target: str) -> Any:
         if sep and not rest.startswith("/"):
             pass  # the core explains a relative file:// URI
         elif not path.exists():
-            raise _BadArgument(f"BACKUP {target}: no such directory")
+            raise _BadArgument(f"BACKUP {redact_uri(target)}: no such directory")
         elif not path.is_dir():
-            raise _BadArgument(f"BACKUP {target}: exists and is not a directory")
+            raise _BadArgument(f"BACKUP {redact_uri(target)}: exists and is not a directory")
     try:
         return backup_from_uri(backup)
     except ValueError as exc:
-        raise _BadArgument(f"BACKUP {target}: {exc}") from None
+        raise _BadArgument(f"BACKUP {redact_uri(target)}: {exc}") from None
 
 
 def _print_inspect(r: dict[str, Any]) -> None:
@@ -289,16 +290,16 @@ def _run(args: argparse.Namespace) -> int:
     try:
         handle, owned = core_handle_for(backup)
     except TypeError as exc:  # pragma: no cover - backup_from_spec checked the methods
-        raise _BadArgument(f"BACKUP {args.target}: {exc}") from None
+        raise _BadArgument(f"BACKUP {redact_uri(args.target)}: {exc}") from None
     try:
         flows = _core.durable_flows(handle)
         if args.flow is not None:
             if args.flow not in flows:
                 there = f"the flows there: {', '.join(flows)}" if flows else "it holds no millpond recovery data"
-                raise _BadArgument(f"--flow {args.flow}: no flow {args.flow!r} in {args.target}; {there}")
+                raise _BadArgument(f"--flow {args.flow}: no flow {args.flow!r} in {redact_uri(args.target)}; {there}")
             flows = [args.flow]
         if not flows:
-            sys.stderr.write(f"{_PROG}: no millpond recovery data in {args.target}\n")
+            sys.stderr.write(f"{_PROG}: no millpond recovery data in {redact_uri(args.target)}\n")
             return 1
         if args.cmd == "inspect":
             reports = [_core.durable_inspect(handle, f, args.keys, key) for f in flows]
@@ -310,8 +311,11 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         bad = 0
         if not key:
-            print(f"no backup key ({KEY_VAR}): checked integrity (checksums), not authenticity; "
-                  "anyone with write access to the backup could have rewritten it")
+            # On stderr: stdout stays one line per flow or problem.
+            sys.stderr.write(
+                f"{_PROG}: note: no backup key ({KEY_VAR}): checked integrity (checksums), not authenticity; "
+                "anyone with write access to the backup could have rewritten it\n"
+            )
         for f in flows:
             problems = _core.durable_verify(handle, f, key)
             for p in problems:
@@ -338,7 +342,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     except ValueError as exc:  # the core found the backup the argument names unusable
         logger.debug("%s failed", args.cmd, exc_info=True)
-        sys.stderr.write(f"{_PROG}: error: BACKUP {args.target}: {exc}\n")
+        sys.stderr.write(f"{_PROG}: error: BACKUP {redact_uri(args.target)}: {exc}\n")
         return 2
     except (RecoveryError, StateStoreError) as exc:
         logger.debug("%s failed", args.cmd, exc_info=True)

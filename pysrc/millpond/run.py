@@ -62,6 +62,7 @@ from millpond.importstr import (
     summarize,
     user_location,
 )
+from millpond.redact import redact_uri
 
 __all__ = ["cli_main", "locate_dataflow", "parse_addresses", "main", "ImportStringError"]
 
@@ -436,11 +437,13 @@ def _check_flow(flow: Any) -> None:
 
 def _strip_quoted(message: str, value: str) -> str:
     """Drop a leading ``backup URI "VALUE": `` that repeats the value the
-    error line already names."""
-    for quoted in (f'backup URI "{value}": ', f"backup URI {value!r}: ", f'backup URI "{value}" '):
-        if message.startswith(quoted):
-            return message[len(quoted):] if quoted.endswith(": ") else message[len(quoted) - 1:].lstrip()
-    return message
+    error line already names (the core quotes it redacted, and may order
+    its parameters otherwise, so any quoted URI there is dropped)."""
+    m = re.match(r"""backup URI (?:"[^"]*"|'[^']*')(:? )""", message)
+    if m is None:
+        return message
+    rest = message[m.end():]
+    return rest if m.group(1) == ": " else rest.lstrip()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -466,6 +469,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     def named(dest: str) -> str:
         """The flag and value, or the variable and value, for an error line."""
         value = getattr(args, dest)
+        if dest == "backup" and isinstance(value, str):
+            value = redact_uri(value)
         where = source[dest]
         return f"{where}={value!r}" if where.startswith("MILLPOND_") else f"{where} {value}"
 
