@@ -31,6 +31,7 @@ type bulkConn struct {
 	arena uintptr // holds the bound text and blobs of one statement
 	size  int
 	scans map[string]uintptr // prepared statements by SQL text
+	crc   [25]byte           // rowCRC's scratch
 }
 
 // openBulk opens the bulk connection with the same journal settings as the
@@ -203,7 +204,7 @@ func (b *bulkConn) bindAndStep(st uintptr, rows []rowbatch.Row, chunk []int32, g
 		r := &rows[i]
 		p := int32(j*rowParams + 1)
 		group := int64(keygroup.Of(r.Key, groups))
-		sum := rowCRC(strBytes(r.StepID), strBytes(r.Key), r.Epoch, group, r.Deleted, r.Value)
+		sum := rowCRC(&b.crc, strBytes(r.StepID), strBytes(r.Key), r.Epoch, group, r.Deleted, r.Value)
 		rc := text(p, r.StepID) | text(p+1, r.Key) |
 			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+2, r.Epoch) |
 			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+3, group) |
@@ -311,7 +312,7 @@ func (b *bulkConn) scanStep(p *page, f *File, step, after string, inclusive bool
 		if !deleted {
 			val = b.columnBytes(st, 3, true)
 		}
-		if err := f.checkRow(stepBytes, key, epoch, sqlite3.Xsqlite3_column_int64(b.tls, st, 5), deleted, val,
+		if err := f.checkRow(&b.crc, stepBytes, key, epoch, sqlite3.Xsqlite3_column_int64(b.tls, st, 5), deleted, val,
 			sqlite3.Xsqlite3_column_int64(b.tls, st, 6)); err != nil {
 			return read, err
 		}

@@ -17,12 +17,16 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // two rows encode alike), then the step id, key and value. It covers every
 // column, so a flipped bit anywhere in a row's cell shows, whichever column
 // it hit.
-func rowCRC(step, key []byte, epoch, group int64, deleted bool, value []byte) uint32 {
-	var hdr [25]byte
+//
+// hdr is scratch space for the fixed-width part: the caller's, because a
+// local array would escape to the heap (crc32.Update keeps no reference,
+// but the compiler cannot tell) and cost an allocation per row.
+func rowCRC(hdr *[25]byte, step, key []byte, epoch, group int64, deleted bool, value []byte) uint32 {
 	binary.LittleEndian.PutUint64(hdr[0:], uint64(epoch))
 	binary.LittleEndian.PutUint64(hdr[8:], uint64(group))
 	binary.LittleEndian.PutUint32(hdr[16:], uint32(len(step)))
 	binary.LittleEndian.PutUint32(hdr[20:], uint32(len(key)))
+	hdr[24] = 0
 	if deleted {
 		hdr[24] = 1
 	}

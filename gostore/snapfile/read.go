@@ -50,6 +50,7 @@ func (f *File) Get(ctx context.Context, step, key string, before int64) (row row
 	}
 	defer rows.Close()
 	prevEpoch, prevSrc := int64(math.MinInt64), 0
+	var hdr [25]byte
 	for rows.Next() {
 		var epoch, group, sum int64
 		var gotStep, gotKey, val []byte
@@ -68,7 +69,7 @@ func (f *File) Get(ctx context.Context, step, key string, before int64) (row row
 			return rowbatch.Row{}, false, damagedf(f.path, "step %q key %q: epoch %d read after epoch %d (rows out of order)", step, key, epoch, prevEpoch)
 		}
 		prevEpoch, prevSrc = epoch, src
-		if err := f.checkRow(strBytes(step), strBytes(key), epoch, group, isNull, val, sum); err != nil {
+		if err := f.checkRow(&hdr, strBytes(step), strBytes(key), epoch, group, isNull, val, sum); err != nil {
 			return rowbatch.Row{}, false, err
 		}
 		row = rowbatch.Row{StepID: step, Key: key, Epoch: epoch, Deleted: isNull}
@@ -88,11 +89,11 @@ func (f *File) Get(ctx context.Context, step, key string, before int64) (row row
 
 // checkRow compares a row read back with its stored checksum (files of
 // LegacyFormatVersion have none) and with the key group its key hashes to.
-func (f *File) checkRow(step, key []byte, epoch, group int64, deleted bool, val []byte, stored int64) error {
+func (f *File) checkRow(hdr *[25]byte, step, key []byte, epoch, group int64, deleted bool, val []byte, stored int64) error {
 	if f.legacy {
 		return nil
 	}
-	if got := rowCRC(step, key, epoch, group, deleted, val); int64(got) != stored {
+	if got := rowCRC(hdr, step, key, epoch, group, deleted, val); int64(got) != stored {
 		return damagedf(f.path, "step %q key %q epoch %d: row checksum mismatch (stored %#x, computed %#x)", step, key, epoch, stored, got)
 	}
 	return nil

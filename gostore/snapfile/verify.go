@@ -116,7 +116,7 @@ func (b *bulkConn) verifyTable(ctx context.Context, f *File, table string) error
 		if !deleted {
 			val = b.columnBytes(st, 5, true)
 		}
-		if err := f.checkRow(step, key, epoch, sqlite3.Xsqlite3_column_int64(b.tls, st, 3), deleted, val,
+		if err := f.checkRow(&b.crc, step, key, epoch, sqlite3.Xsqlite3_column_int64(b.tls, st, 3), deleted, val,
 			sqlite3.Xsqlite3_column_int64(b.tls, st, 6)); err != nil {
 			return err
 		}
