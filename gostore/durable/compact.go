@@ -86,7 +86,7 @@ func (r *Run) compactAt(ctx context.Context, c int64, heal bool) error {
 	for w, s := range r.stores {
 		dir := filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "compact")
 		os.RemoveAll(dir)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
 		ref, err := r.compactWorker(ctx, w, s, dir, c, variant)

@@ -229,7 +229,7 @@ func (r *Run) rebuild(ctx context.Context, w int, store *localstore.Store, info 
 	}
 	tmp := filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "restore")
 	os.RemoveAll(tmp)
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
+	if err := os.MkdirAll(tmp, 0o700); err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp)
@@ -243,11 +243,11 @@ func (r *Run) rebuild(ctx context.Context, w int, store *localstore.Store, info 
 	for i, o := range refs {
 		path := filepath.Join(tmp, fmt.Sprintf("%06d.sqlite", i))
 		if err := fetchVerified(ctx, r, o, path); err != nil {
-			return err
+			return r.objectHint(err)
 		}
 		f, err := openObject(ctx, o, path, r.cfg)
 		if err != nil {
-			return err
+			return r.objectHint(err)
 		}
 		objs = append(objs, &objectRows{name: o.Key, f: f, opts: snapfile.ScanOptions{
 			Groups: &owned, IncludeDeleted: true, Before: committed + 1, ChunkRows: 8192,
@@ -269,10 +269,25 @@ func (r *Run) rebuild(ctx context.Context, w int, store *localstore.Store, info 
 	return store.MarkRebuilt(ctx, committed)
 }
 
+// objectHint adds to an error about a committed object what the operator
+// can do: the object cannot be read, so either it comes back, or the flow
+// resumes from a commit that does not name it.
+func (r *Run) objectHint(err error) error {
+	switch {
+	case errors.Is(err, ErrCorrupt):
+		return fmt.Errorf("%w. The commit record of epoch %d names it: restore it from a copy of the backup; or delete %s (and any newer commit record) and the local state directory %s to resume from an older commit, if one does not name it",
+			err, r.state.Commit.Epoch, commitKey(r.cfg.FlowID, r.state.Commit.Epoch), filepath.Join(r.cfg.LocalDir, r.cfg.FlowID))
+	case errors.Is(err, backup.ErrNotFound):
+		return fmt.Errorf("%w: %w; the commit record of epoch %d names it. Restore it from a copy of the backup; or delete %s (and any newer commit record) and the local state directory %s to resume from an older commit, if one does not name it",
+			ErrObjectsLost, err, r.state.Commit.Epoch, commitKey(r.cfg.FlowID, r.state.Commit.Epoch), filepath.Join(r.cfg.LocalDir, r.cfg.FlowID))
+	}
+	return err
+}
+
 // fetchVerified downloads an object and checks its size and checksum.
 func fetchVerified(ctx context.Context, r *Run, o ObjectRef, path string) error {
 	if err := r.cfg.Backup.Download(ctx, o.Key, path); err != nil {
-		return fmt.Errorf("download %s from %s: %w", o.Key, r.cfg.Backup, err)
+		return backupFailed(err) // it names the object and the store
 	}
 	sum, size, err := fileSHA256(path)
 	if err != nil {
@@ -303,7 +318,7 @@ func openObject(ctx context.Context, o ObjectRef, path string, cfg Config) (*sna
 const rebuildMarker = "REBUILDING"
 
 func writeMarker(path string) error {
-	if err := os.WriteFile(path, nil, 0o644); err != nil {
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		return fmt.Errorf("mark rebuild: %w", err)
 	}
 	return backup.SyncDir(filepath.Dir(path))

@@ -162,6 +162,9 @@ type Run struct {
 	// verifying counts fast-resumed local stores still being checked;
 	// nothing commits until it is zero (verify.go).
 	verifying int
+	// stopVerify cancels the checks still running (Finish, once nothing
+	// is left to commit).
+	stopVerify context.CancelFunc
 
 	commitMu sync.Mutex // serializes writes of commit records
 	healMu   sync.Mutex // one heal at a time (heal.go)
@@ -387,6 +390,10 @@ func (r *Run) Finish(aborted bool) error {
 	r.stopped = true
 	r.cond.Broadcast()
 	r.mu.Unlock()
+	// Nothing is left to commit: a check still running guards nothing.
+	if r.stopVerify != nil {
+		r.stopVerify()
+	}
 	close(r.uploads)
 	r.uploadWG.Wait() // an upload's tryCommit may still send to maint
 	// A maintenance round still running is stopped (it is safe to stop at

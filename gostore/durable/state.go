@@ -6,10 +6,13 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/millpond/millpond/gostore/backup"
 )
@@ -114,7 +117,20 @@ func downloadBytes(ctx context.Context, b backup.Backup, key string) ([]byte, er
 		}
 		return data, nil
 	}
-	dir, err := os.MkdirTemp("", "mp-record-")
+	// First into a file without a name, which a killed process cannot
+	// leave behind; a backend that writes its download elsewhere and
+	// renames it into place cannot do that, and gets a directory.
+	if f, path, err := unlinkedFile(nil); err == nil {
+		defer f.Close()
+		err := b.Download(ctx, key, path)
+		if err == nil {
+			return io.ReadAll(f)
+		}
+		if errors.Is(err, backup.ErrNotFound) {
+			return nil, backupFailed(fmt.Errorf("download %s from %s: %w", key, b, err))
+		}
+	}
+	dir, err := recordTempDir()
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +140,57 @@ func downloadBytes(ctx context.Context, b backup.Backup, key string) ([]byte, er
 		return nil, backupFailed(fmt.Errorf("download %s from %s: %w", key, b, err))
 	}
 	return os.ReadFile(path)
+}
+
+// recordTempPrefix starts the temporary directories of small downloads
+// from a backend without backup.Small; the pid that follows lets a later
+// run remove those of a process that was killed.
+const recordTempPrefix = "mp-record-"
+
+// recordTempDir makes a private temporary directory for one small
+// download, after removing those that killed processes left behind.
+func recordTempDir() (string, error) {
+	tmp := os.TempDir()
+	if entries, err := os.ReadDir(tmp); err == nil {
+		for _, e := range entries {
+			rest, ok := strings.CutPrefix(e.Name(), recordTempPrefix)
+			pid, _, _ := strings.Cut(rest, "-")
+			if n, err := strconv.Atoi(pid); ok && err == nil && n != os.Getpid() && !processAlive(n) {
+				os.RemoveAll(filepath.Join(tmp, e.Name()))
+			}
+		}
+	}
+	return os.MkdirTemp(tmp, fmt.Sprintf("%s%d-", recordTempPrefix, os.Getpid()))
+}
+
+// processAlive reports whether a process with pid exists.
+func processAlive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// unlinkedFile holds data in a temporary file whose name is gone already,
+// so a process killed while it is in use leaves nothing behind; path
+// opens it (through /proc/self/fd) for as long as the file stays open.
+func unlinkedFile(data []byte) (f *os.File, path string, err error) {
+	f, err = os.CreateTemp("", recordTempPrefix)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		return nil, "", err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return nil, "", err
+	}
+	path = fmt.Sprintf("/proc/self/fd/%d", f.Fd())
+	if _, err := os.Stat(path); err != nil {
+		f.Close()
+		return nil, "", fmt.Errorf("no /proc/self/fd to hand a record to the backup: %w", err)
+	}
+	return f, path, nil
 }
 
 // uploadBytes stores a small object; with create set, only if no object
@@ -156,15 +223,11 @@ func uploadBytes(ctx context.Context, b backup.Backup, key string, data []byte, 
 			}
 		}
 	}
-	dir, err := os.MkdirTemp("", "mp-record-")
+	f, path, err := unlinkedFile(data)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	path := filepath.Join(dir, "obj")
-	if err := os.WriteFile(path, data, 0o600); err != nil {
-		return err
-	}
+	defer f.Close()
 	if err := b.Upload(ctx, path, key); err != nil {
 		return backupFailed(fmt.Errorf("upload %s to %s: %w", key, b, err))
 	}

@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"context"
 	"fmt"
 	"time"
 )
@@ -19,7 +20,10 @@ import (
 // the first epochs some latency instead.
 
 // startVerification checks every fast-resumed store in the background.
+// The checks count in uploadWG: like an upload, a check's end may commit.
 func (r *Run) startVerification() {
+	ctx, cancel := context.WithCancel(r.ctx)
+	r.stopVerify = cancel
 	for w, s := range r.stores {
 		if r.restores[w].Kind != ResumeFast {
 			continue
@@ -27,18 +31,18 @@ func (r *Run) startVerification() {
 		r.mu.Lock()
 		r.verifying++
 		r.mu.Unlock()
-		r.wg.Add(1)
+		r.uploadWG.Add(1)
 		go func() {
-			defer r.wg.Done()
+			defer r.uploadWG.Done()
 			start := time.Now()
-			err := s.Verify(r.ctx)
+			err := s.Verify(ctx)
 			r.mu.Lock()
 			r.verifying--
 			r.metrics.VerifySeconds += time.Since(start).Seconds()
 			pending := r.verifying
 			r.mu.Unlock()
 			if err != nil {
-				if r.ctx.Err() == nil {
+				if ctx.Err() == nil {
 					r.fail(fmt.Errorf("check of worker %d's local store after a fast resume: %w", w, err))
 				}
 				return

@@ -91,7 +91,7 @@ func NewCutter(cfg Config) (*Cutter, error) {
 	if cfg.Dir == "" || cfg.Emit == nil {
 		return nil, errors.New("segment cutter: needs a directory and an emit function")
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("segment cutter: %w", err)
 	}
 	return &Cutter{cfg: cfg, seq: cfg.FirstSeq}, nil

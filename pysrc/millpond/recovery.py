@@ -172,7 +172,11 @@ class RecoveryConfig:
         """Return the backup object this config names (a new one for URIs)."""
         if self.backup is None:
             path = self.local_state_dir / "backup"
-            path.mkdir(parents=True, exist_ok=True)
+            # State is the owner's alone: every directory made here is 0700
+            # (the umask can only narrow that).
+            for d in reversed([path, *path.parents]):
+                if not d.exists():
+                    d.mkdir(mode=0o700)
             return backup_from_uri(str(path))
         if isinstance(self.backup, str):
             return backup_from_uri(self.backup)
