@@ -337,7 +337,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     """``python -m millpond.recovery {inspect,verify} BACKUP``; returns the exit status."""
     args = _build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from millpond.engine.interrupts import CoreInterrupts
+
+    # Ctrl-C must stop a call that waits on a backend that never answers.
+    interrupts = CoreInterrupts()
     try:
+        interrupts.start()
         return _run(args)
     except KeyboardInterrupt:
         return 130
@@ -356,6 +361,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         logger.debug("%s failed", args.cmd, exc_info=True)
         sys.stderr.write(f"{_PROG}: error: {type(exc).__name__}: {exc}\n")
         return 1
+    finally:
+        interrupts.stop()
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple, Union
 
 from millpond.importstr import (
     ImportStringError,
@@ -63,6 +63,9 @@ from millpond.importstr import (
     user_location,
 )
 from millpond.redact import redact_uri
+
+if TYPE_CHECKING:
+    from millpond.engine.interrupts import CoreInterrupts
 
 __all__ = ["cli_main", "locate_dataflow", "parse_addresses", "main", "ImportStringError"]
 
@@ -448,6 +451,18 @@ def _strip_quoted(message: str, value: str) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the flow, return the exit status."""
+    from millpond.engine.interrupts import CoreInterrupts
+
+    # Ctrl-C and SIGTERM must stop a call into the core that waits on a
+    # backend (checking the backup happens before the run itself starts).
+    interrupts = CoreInterrupts()
+    try:
+        return _main(argv, interrupts)
+    finally:
+        interrupts.stop()
+
+
+def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
     args = _build_parser().parse_args(argv)
 
     # Environment variables fill in what no flag set; a bad value is
@@ -520,6 +535,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         backup: Any = None
         if args.backup is not None:
             try:
+                interrupts.start()
                 backup = _check_backup(args.backup)
             except ImportStringError as ex:
                 return _fail(f"{named('backup')}: {ex}")

@@ -70,7 +70,7 @@ class RecoveryRun:
                 self._backup_handle, config.snapshot_mode.value, config.max_epochs_in_flight,
                 config.retain_epochs, config.retain_for.total_seconds() if config.retain_for else 0.0,
                 float(config.compact_ratio), config.compact_min_bytes,
-                bytes(config.backup_key or b""),
+                config.backup_key if isinstance(config.backup_key, bytes) else b"",
             )
             info = _core.run_info(self._handle)
             self.execution: int = info["execution"]
