@@ -120,6 +120,11 @@ func (r *Run) compactAt(ctx context.Context, c int64, heal bool) error {
 	if err := r.superseded(l); err != nil {
 		return err
 	}
+	if lost := l.missing(rec.Objects); len(lost) > 0 {
+		// Not this record: the next commit finds them missing and
+		// rebuilds them (heal.go).
+		return fmt.Errorf("%w: %s; not writing the compacted commit record", ErrObjectsLost, describeObjects(lost))
+	}
 	if err := writeCommit(ctx, r.cfg.Backup, rec, r.cfg.Key); err != nil {
 		return fmt.Errorf("write compacted commit record of epoch %d: %w", rec.Epoch, err)
 	}
