@@ -24,7 +24,7 @@ const AuthHMAC = "hmac-sha256"
 // ErrUnauthenticated is wrapped when a key is configured and a record is
 // not sealed with it (forged, or written without that key), or when a
 // record sealed with a key is read without one.
-var ErrUnauthenticated = errors.New("record is not authenticated")
+var ErrUnauthenticated = errors.New("unauthenticated record")
 
 // Key authenticates a flow's records. A nil Key seals with a plain
 // SHA-256 (integrity only).
