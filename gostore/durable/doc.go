@@ -19,9 +19,13 @@
 // The files, one concept each: run.go (Config, Open, Start, Finish: a
 // run's life), pipeline.go (Write, the segment cutters and the uploads),
 // whole.go (epochs whose batches are every worker's whole state),
-// commit.go (closing epochs, commit records, fencing), metrics.go,
-// restore.go (fast and full resume), merge.go (newest row per key across
+// commit.go (closing epochs, commit records), heal.go (the listing before
+// a commit: fencing off older executions, rebuilding lost objects),
+// metrics.go, restore.go (fast and full resume), verify.go (the check of
+// a fast-resumed local store that commits wait for), lost.go (a backup
+// that lost committed state), merge.go (newest row per key across
 // objects), maintain.go (the background round), compact.go and gc.go (its
-// two durable jobs), record.go and state.go (commit and execution records),
-// inspect.go (inspect and verify), layout.go (object keys).
+// two durable jobs), record.go, seal.go and state.go (commit and execution
+// records, their seal, and creating them), inspect.go (inspect and
+// verify), layout.go (object keys).
 package durable
