@@ -168,10 +168,12 @@ func flipTarget(rng *rand.Rand, file []byte, kind int) (off int, bit uint) {
 // error. Damage found leaves the marker, and the next open refuses the
 // store until it is removed.
 func TestBitFlipIsNeverReadAsData(t *testing.T) {
-	const keys = 1500
-	seeds := 240
+	keys, seeds := 1500, 240
 	if !testing.Short() {
 		seeds = 600
+	}
+	if raceDetector {
+		keys, seeds = 300, 12
 	}
 	if n, err := strconv.Atoi(os.Getenv("MILLPOND_FLIP_SEEDS")); err == nil {
 		seeds = n // MILLPOND_FLIP_SEEDS=5000 for a long run
