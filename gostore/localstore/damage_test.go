@@ -168,7 +168,7 @@ func flipTarget(rng *rand.Rand, file []byte, kind int) (off int, bit uint) {
 // error. Damage found leaves the marker, and the next open refuses the
 // store until it is removed.
 func TestBitFlipIsNeverReadAsData(t *testing.T) {
-	keys, seeds := 1500, 240
+	keys, seeds := 1000, 240
 	if !testing.Short() {
 		seeds = 600
 	}
