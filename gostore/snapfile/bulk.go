@@ -407,7 +407,13 @@ func (b *bulkConn) gc(ctx context.Context, since, committed int64) (removed int6
 	// A key's newest row goes too when it is a deletion (nothing older is
 	// left for it to hide): in the same seek, where a second statement over
 	// the epoch range cost one more lookup per row written.
-	del, err := b.cached(`DELETE FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND (epoch < ?3 OR (epoch = ?3 AND value IS NULL))`)
+	// The keys come from the epoch index, which no checksum covers and
+	// quick_check does not compare with the table: a damaged entry could
+	// name another key at an epoch past its newest row, and collecting
+	// "older" versions of it would delete that key's state. So a key's
+	// versions go only when the row the index names is in the table.
+	del, err := b.cached(`DELETE FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND (epoch < ?3 OR (epoch = ?3 AND value IS NULL))
+		AND EXISTS (SELECT 1 FROM snaps WHERE step_id = ?1 AND state_key = ?2 AND epoch = ?3)`)
 	if err != nil {
 		return 0, err
 	}
