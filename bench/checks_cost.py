@@ -23,6 +23,9 @@ Figures (baseline, current, current/baseline per round and the median):
 4. per-key hydration: after a fast resume of 1M keys, 100k stored keys in
    random order, each touched once by the ``stateful_map`` (a lookup in the
    local store each); time from the end of the resume to the last output;
+   and the same lookups without the flow (``_core.store_get`` on the
+   resumed run's store), at once and again 3 s later, when the background
+   check is over;
 5. full resume of 1M keys (the local store deleted, rebuilt from the
    backup), process start to the first resumed output;
 6. after a fast resume of 1M keys, with items flowing (about 2.5k/s, epoch
@@ -63,7 +66,7 @@ FLOW_ID = "bench_checks_resume"
 
 # -- flows (imported from the tree under test: PYTHONPATH) ---------------------
 
-_SINK_TIMES: Dict[str, Any] = {"first": None, "last": None, "n": 0}
+_SINK_TIMES: Dict[str, Any] = {"first": None, "last": None, "n": 0, "all": []}
 _LIVE: Dict[str, Any] = {"stop": False}
 
 
@@ -131,6 +134,7 @@ def resume_flow(n_keys: int, phase: int = 0, n_touch: int = 0, seed: int = 11) -
                 _SINK_TIMES["first"] = now
             _SINK_TIMES["last"] = now
             _SINK_TIMES["n"] += len(batch_items)
+            _SINK_TIMES["all"].append(now)
 
     class _Sink(DynamicSink):
         def build(self, step_id: str, worker_index: int, worker_count: int) -> Any:
@@ -211,7 +215,14 @@ def _capture_runs() -> Dict[str, Any]:
         if "on_open" in seen:
             seen["on_open"](self)
 
+    orig_finish = rr.RecoveryRun.finish
+
+    def finish(self: Any, aborted: bool) -> None:
+        orig_finish(self, aborted)
+        seen["metrics"] = self.metrics()
+
     rr.RecoveryRun.__init__ = init  # type: ignore[method-assign]
+    rr.RecoveryRun.finish = finish  # type: ignore[method-assign]
     return seen
 
 
@@ -237,7 +248,15 @@ def child_hydrate(a: dict) -> dict:
     run_main(flow, epoch_interval=timedelta(seconds=1), recovery_config=cfg)
     t1 = time.monotonic()
     run = seen["run"]
+    ts = [seen["resumed_at"]] + _SINK_TIMES["all"]
+    gaps = sorted(b - a for a, b in zip(ts, ts[1:]))
+    typical = statistics.median(gaps) if gaps else 0.0
+    m = seen.get("metrics", {})
     return {"touched": _SINK_TIMES["n"], "resume_s": run.resume_seconds,
+            "batch_gap_p50_s": typical, "stalls_s": sum(g - typical for g in gaps if g > 3 * typical),
+            "local_write_s": m.get("local_write_seconds"), "backpressure_s": m.get("backpressure_seconds"),
+            "commits": m.get("commits"), "commit_p50_s": m.get("commit_latency_p50"),
+            "metrics": {k: v for k, v in m.items() if k != "commit_latencies"},
             "touch_s": _SINK_TIMES["last"] - seen["resumed_at"],
             "run_s": t1 - t0, "since_start_s": t1 - a["t_start"],
             "kinds": sorted({str(r["kind"]) for r in run.restores})}
@@ -299,7 +318,37 @@ def child_live(a: dict) -> dict:
     return out
 
 
-CHILDREN = {"wordcount": child_wordcount, "hydrate": child_hydrate, "live": child_live}
+def child_lookups(a: dict) -> dict:
+    """Lookups without the flow: open the run (a fast resume), then time
+    ``store_get`` of ``touch`` stored keys in random order twice: at once
+    (beside the background check, in the current code) and after ``wait``
+    seconds (the check done)."""
+    from millpond import _core
+    from millpond.engine.recovery_run import open_recovery_run
+    from millpond.recovery import RecoveryConfig, SnapshotMode
+
+    cfg = RecoveryConfig(Path(a["state"]), snapshot_mode=SnapshotMode.BATCH)
+    run = open_recovery_run(cfg, FLOW_ID, 1)
+    out: Dict[str, Any] = {"resume_s": run.resume_seconds}
+    try:
+        h = run.worker_store(0)._require_handle()
+        step = next(s for s in _core.store_steps(h) if ".count" in s)
+        keys = resume_keys(a["keys"])
+        for name, seed, wait in (("at_once", a["seed"], 0.0), ("after_wait", a["seed"] + 1, a["wait"])):
+            time.sleep(wait)
+            sample = random.Random(seed).sample(keys, a["touch"])
+            t0 = time.perf_counter()
+            for k in sample:
+                if _core.store_get(h, step, k) is None:
+                    raise RuntimeError(f"{k} not found")
+            out[name + "_s"] = time.perf_counter() - t0
+    finally:
+        run.finish(True)
+        run.close()
+    return out
+
+
+CHILDREN = {"wordcount": child_wordcount, "hydrate": child_hydrate, "live": child_live, "lookups": child_lookups}
 
 
 # -- parent ----------------------------------------------------------------------
@@ -366,7 +415,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--rounds", type=int, help="rounds, baseline and current alternating (default 3; --quick 1)")
     ap.add_argument("--quick", action="store_true",
                     help="200k words / 20k keys, shapes 100 / 10k / 100k keys, 100k resume keys, 10k touched, 1 round")
-    ap.add_argument("--only", help="comma-separated figures to run: wc,shapes,fast,hydrate,full,live")
+    ap.add_argument("--only", help="comma-separated figures to run: wc,shapes,fast,hydrate,lookups,full,live")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--tmp", type=Path, help="directory for the states (default: a temp dir)")
     ap.add_argument("--json", type=Path, help="also write every measurement here")
@@ -385,7 +434,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         [(100, n_words), (10_000, n_words), (1_000_000, 0)]
     n_resume = 100_000 if args.quick else 1_000_000
     n_touch = 10_000 if args.quick else 100_000
-    only = set(args.only.split(",")) if args.only else {"wc", "shapes", "fast", "hydrate", "full", "live"}
+    only = set(args.only.split(",")) if args.only else {"wc", "shapes", "fast", "hydrate", "lookups", "full", "live"}
 
     trees = [Tree("baseline", args.baseline.resolve(), args.python),
              Tree("current", args.current.resolve(), args.python)]
@@ -409,7 +458,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         seeds: Dict[str, Path] = {}
-        if only & {"fast", "hydrate", "full", "live"}:
+        if only & {"fast", "hydrate", "lookups", "full", "live"}:
             for t in trees:
                 seed = tmp / f"seed-{t.name}"
                 seed.mkdir()
@@ -452,8 +501,19 @@ def main(argv: Optional[List[str]] = None) -> int:
                                             "state": str(st)})
                     add("hydrate", t.name, r)
                     print(f"  hydrate      {t.name:<8}: {r['touched']:,} keys in {r['touch_s']:.2f} s after a "
-                          f"{'+'.join(r['kinds'])} resume of {r['resume_s']:.2f} s; process {r['since_start_s']:.2f} s",
+                          f"{'+'.join(r['kinds'])} resume of {r['resume_s']:.2f} s; process {r['since_start_s']:.2f} s; "
+                          f"per 1000-key batch p50 {r['batch_gap_p50_s'] * 1e3:.1f} ms, stalls {r['stalls_s']:.2f} s; "
+                          f"local writes {r['local_write_s']:.2f} s, back-pressure {r['backpressure_s']:.2f} s, "
+                          f"{r['commits']} commits",
                           flush=True)
+            if "lookups" in only:
+                for t in order:
+                    st = fresh_copy(seeds[t.name], tmp / "trial")
+                    r = t.child("lookups", {"keys": n_resume, "touch": n_touch, "seed": args.seed + rnd,
+                                            "state": str(st), "wait": 3.0})
+                    add("lookups", t.name, r)
+                    print(f"  lookups      {t.name:<8}: {n_touch:,} store_get at once {r['at_once_s']:.2f} s, "
+                          f"after 3 s {r['after_wait_s']:.2f} s", flush=True)
             if "full" in only:
                 for t in order:
                     st = fresh_copy(seeds[t.name], tmp / "trial")
@@ -500,6 +560,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     row(f"fast resume {n_resume // 1000}k keys, whole process (s)", "fast", lambda r: r["process_s"], "s")
     row(f"touch {n_touch // 1000}k stored keys after fast resume (s)", "hydrate", lambda r: r["touch_s"], "s")
     row("  that run's fast resume itself (s)", "hydrate", lambda r: r["resume_s"], "s")
+    row(f"{n_touch // 1000}k store_get without the flow, at once (s)", "lookups", lambda r: r["at_once_s"], "s")
+    row(f"{n_touch // 1000}k store_get without the flow, after 3 s (s)", "lookups", lambda r: r["after_wait_s"], "s")
     row(f"full resume {n_resume // 1000}k keys, to first output (s)", "full", lambda r: r["first_output_s"], "s")
     row("first commit after fast resume, from resume end (s)", "live",
         lambda r: r.get("first_commit_after_resume_s", float("nan")), "s")
