@@ -15,6 +15,11 @@
 // through the same keys, and moves past a key only once its decision is
 // known.
 //
+// A faster process may already send data of the next epoch while a slower
+// one has not learned the decision yet. The receiver must keep such a
+// message, uncounted, until it reaches that epoch itself: the protocol sees
+// it as in flight meanwhile, which it is for the epoch it belongs to.
+//
 // # Protocol (Mattern's four-counter method, waves led by process 0)
 //
 //   - Process 0, the leader, starts wave 1 of key k when it first reports k:
@@ -47,8 +52,10 @@
 // (Sent_i, Received_i) at t_i and t'_i, so at instant T every counter had
 // its reported value. Every message counted as received was sent, so total
 // Sent == total Received at T means the set of messages sent by T equals the
-// set received by T: nothing was in flight at T. Every process was ready
-// (hence passive) from t_i <= T on. A passive process only sends while it
+// set received by T: nothing was in flight at T. Every message taken by T
+// was also processed by T: a process took none between its two replies,
+// and each reply is at a quiescent point. Every process was ready (hence
+// passive) from t_i <= T on. A passive process only sends while it
 // processes a received message, and there is none to receive, so from T on
 // no process sends again for key k: the state at T is final and the
 // decision is correct. (The same argument with a single wave fails: a

@@ -28,6 +28,7 @@ type Report struct {
 
 // Decision closes (Epoch, Phase): nothing in flight, every process ready.
 type Decision struct {
+	// Epoch and Phase name the decided key, the one reported.
 	Epoch int64
 	Phase int
 	// Done lists the input steps ended on every process (the intersection
@@ -277,6 +278,11 @@ func (t *Tracker) followerReport() ([]outgoing, error) {
 	if p.key.less(t.cur) {
 		return nil, t.errorf("reports %v, but never answered the probe of %v wave %d", t.cur, p.key, p.wave)
 	}
+	if t.cur.less(p.key) {
+		// The decision of cur would have come before this probe (FIFO):
+		// the leader went through other keys than this process.
+		return nil, t.errorf("reports %v, still undecided, but the leader probes %v", t.cur, p.key)
+	}
 	if p.key != t.cur || !t.ready {
 		return nil, nil
 	}
@@ -332,6 +338,9 @@ func (t *Tracker) followerProbe(m message) error {
 	}
 	if t.reported && m.key.less(t.cur) {
 		return t.errorf("probe of %v wave %d, but this process already reports %v", m.key, m.wave, t.cur)
+	}
+	if t.reported && t.cur.less(m.key) && !(t.decided && t.lastKey == t.cur) {
+		return t.errorf("probe of %v wave %d while this process waits for the decision of %v", m.key, m.wave, t.cur)
 	}
 	t.probe = &heldProbe{key: m.key, wave: m.wave}
 	return nil

@@ -149,22 +149,39 @@ func TestLeaderKeepsWavingWhileCountersMoveOrDisagree(t *testing.T) {
 }
 
 func TestLeaderDecisionCarriesTheDoneIntersection(t *testing.T) {
-	tr, o := newTest(t, 0, 3)
-	rep := Report{Epoch: 2, Phase: 1, Ready: true, Done: []int{3, 1, 2, 3}}
-	_, _, err := tr.Report(rep)
-	require.NoError(t, err)
-	for wave := 1; wave <= 2; wave++ {
-		require.NoError(t, tr.Deliver(1, replyMsg(2, 1, wave, 0, 0, 2, 3)))
-		require.NoError(t, tr.Deliver(2, replyMsg(2, 1, wave, 0, 0, 2, 3, 5)))
+	cases := []struct {
+		name   string
+		leader []int   // the leader's Report.Done, as given
+		others [][]int // processes 1 and 2, sorted as on the wire
+		want   []int
+	}{
+		{"none ended", nil, [][]int{{}, {}}, []int{}},
+		{"ended everywhere", []int{0, 1}, [][]int{{0, 1}, {0, 1}}, []int{0, 1}},
+		{"ended on some processes only", []int{3, 1, 2, 3}, [][]int{{2, 3}, {2, 3, 5}}, []int{2, 3}},
+		{"disjoint", []int{0}, [][]int{{1}, {2}}, []int{}},
+		{"not on the leader", nil, [][]int{{4}, {4}}, []int{}},
 	}
-	d, ok, err := tr.Report(rep)
-	require.NoError(t, err)
-	require.True(t, ok)
-	assert.Equal(t, []int{2, 3}, d.Done)
-	msgs := o.take()
-	require.Len(t, msgs, 6) // probes of waves 1 and 2, two decisions
-	for _, m := range msgs[4:] {
-		assert.Equal(t, message{kind: kindDecision, key: key{2, 1}, done: []int{2, 3}}, m.m)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tr, o := newTest(t, 0, 3)
+			rep := Report{Epoch: 2, Phase: 1, Ready: true, Done: c.leader}
+			_, _, err := tr.Report(rep)
+			require.NoError(t, err)
+			for wave := 1; wave <= 2; wave++ {
+				for i, done := range c.others {
+					require.NoError(t, tr.Deliver(i+1, replyMsg(2, 1, wave, 0, 0, done...)))
+				}
+			}
+			d, ok, err := tr.Report(rep)
+			require.NoError(t, err)
+			require.True(t, ok)
+			assert.Equal(t, c.want, d.Done)
+			msgs := o.take()
+			require.Len(t, msgs, 6) // probes of waves 1 and 2, two decisions
+			for _, m := range msgs[4:] {
+				assert.Equal(t, message{kind: kindDecision, key: key{2, 1}, done: c.want}, m.m)
+			}
+		})
 	}
 }
 
@@ -247,6 +264,14 @@ func TestFollowerMessageHandling(t *testing.T) {
 		{"probe for a key already passed", []step{
 			{report: rep(2, 0, false)},
 			{payload: probeMsg(1, 0, 1), wantErr: "already reports"},
+		}},
+		{"probe past the key this process waits on: the leader went elsewhere", []step{
+			{report: rep(1, 0, true)},
+			{payload: probeMsg(2, 0, 1), wantErr: "waits for the decision of (epoch 1, phase 0)"},
+		}},
+		{"first report before the key the leader probes", []step{
+			{payload: probeMsg(2, 0, 1), wake: true},
+			{report: rep(1, 0, true), wantErr: "still undecided, but the leader probes (epoch 2, phase 0)"},
 		}},
 		{"moving past a probed key", []step{
 			{payload: probeMsg(1, 0, 1), wake: true},
@@ -411,22 +436,4 @@ func TestSendErrorFailsTheTracker(t *testing.T) {
 	assert.Contains(t, err.Error(), "sending a probe to process 1")
 	_, _, err = tr.Report(Report{Epoch: 0})
 	require.ErrorIs(t, err, boom, "the error sticks")
-}
-
-func TestStatsPercentilesCoverRecentCloses(t *testing.T) {
-	var s stats
-	for i := 1; i <= 100; i++ {
-		s.closed(durationMicros(i))
-	}
-	st := s.snapshot(true)
-	assert.Equal(t, 100, st.CloseSamples)
-	assert.Equal(t, durationMicros(50), st.CloseP50)
-	assert.Equal(t, durationMicros(99), st.CloseP99)
-	assert.Equal(t, durationMicros(100), st.CloseMax)
-	for i := 0; i < latencyWindow; i++ {
-		s.closed(durationMicros(1000))
-	}
-	st = s.snapshot(true)
-	assert.Equal(t, latencyWindow, st.CloseSamples)
-	assert.Equal(t, durationMicros(1000), st.CloseP50, "older samples left the window")
 }
