@@ -88,4 +88,5 @@ func BenchmarkDecisionLatency(b *testing.B) {
 	b.ReportMetric(float64(elapsed.Microseconds())/float64(b.N), "µs/decision")
 	b.ReportMetric(float64(st.CloseP50.Microseconds()), "p50-µs")
 	b.ReportMetric(float64(st.CloseP99.Microseconds()), "p99-µs")
+	b.ReportMetric(float64(st.SettleP50.Microseconds()), "settle-p50-µs")
 }

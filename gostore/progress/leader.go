@@ -19,10 +19,30 @@ type leader struct {
 	prev    []reply   // replies of the previous wave, when hasPrev
 	hasPrev bool
 	got     int // replies of the current wave in
+
+	// For the settle latency: which processes replied to some wave of key
+	// yet, and when the last of them first did.
+	replied  []bool
+	nReplied int
+	allReady time.Time
 }
 
 func newLeader(count int) *leader {
-	return &leader{cur: make([]reply, count), prev: make([]reply, count)}
+	return &leader{cur: make([]reply, count), prev: make([]reply, count), replied: make([]bool, count)}
+}
+
+// record takes process i's reply to the current wave.
+func (t *Tracker) record(i int, r reply) {
+	l := t.lead
+	l.cur[i] = r
+	l.got++
+	if !l.replied[i] {
+		l.replied[i] = true
+		l.nReplied++
+		if l.nReplied == t.count {
+			l.allReady = t.now()
+		}
+	}
 }
 
 // leaderReport runs the leader's side of a Report (under mu): a fresh key
@@ -35,6 +55,8 @@ func (t *Tracker) leaderReport(fresh bool) []outgoing {
 	var out []outgoing
 	if fresh {
 		l.active, l.key, l.wave, l.hasPrev = true, t.cur, 0, false
+		clear(l.replied)
+		l.nReplied = 0
 		l.started = t.now()
 		out = t.startWave()
 	}
@@ -42,8 +64,7 @@ func (t *Tracker) leaderReport(fresh bool) []outgoing {
 		if !t.ready || !l.active || l.cur[0].ok {
 			break
 		}
-		l.cur[0] = reply{ok: true, sent: t.sent, received: t.received, done: t.done}
-		l.got++
+		t.record(0, reply{ok: true, sent: t.sent, received: t.received, done: t.done})
 		if l.got == t.count {
 			out = append(out, t.completeWave()...)
 		}
@@ -64,8 +85,7 @@ func (t *Tracker) leaderDeliver(from int, m message) ([]outgoing, bool, error) {
 	if l.cur[from].ok {
 		return nil, false, t.errorf("second reply from process %d for %v wave %d", from, m.key, m.wave)
 	}
-	l.cur[from] = reply{ok: true, sent: m.sent, received: m.received, done: m.done}
-	l.got++
+	t.record(from, reply{ok: true, sent: m.sent, received: m.received, done: m.done})
 	if l.got < t.count {
 		return nil, false, nil
 	}
@@ -121,7 +141,9 @@ func (t *Tracker) decide() []outgoing {
 	t.st.decisions++
 	t.st.lastWaves = l.wave
 	if l.key.phase == 0 {
-		t.st.closed(t.now().Sub(l.started))
+		now := t.now()
+		t.st.close.add(now.Sub(l.started))
+		t.st.settle.add(now.Sub(l.allReady))
 	}
 	if t.onDecide != nil {
 		t.onDecide(t.decision())
