@@ -1,0 +1,359 @@
+package mesh
+
+import (
+	"context"
+	"crypto/hmac"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
+)
+
+// Dial attempts during Start back off from firstBackoff to maxBackoff.
+const (
+	firstBackoff = 50 * time.Millisecond
+	maxBackoff   = time.Second
+)
+
+// outbound is an established stream to a peer.
+type outbound struct {
+	cc     *grpc.ClientConn
+	stream grpc.ClientStream
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// dialFailure is a failed attempt: permanent ones fail Start at once.
+type dialFailure struct {
+	err       error
+	permanent bool
+	suspect   string // reached something that said nothing (reported at StartTimeout)
+}
+
+// dialLoop dials p until the stream is up, a permanent failure fails the
+// mesh, or the mesh stops (StartTimeout is Start's to enforce).
+func (m *Mesh) dialLoop(p *peer) {
+	defer m.wg.Done()
+	delay := firstBackoff
+	for {
+		timeout := min(m.s.handshake, max(time.Until(m.deadline), 100*time.Millisecond))
+		ob, f := m.dialOnce(p, timeout)
+		if f == nil {
+			m.attach(p, ob)
+			return
+		}
+		if m.ctx.Err() != nil {
+			return
+		}
+		if f.permanent {
+			m.fail(f.err)
+			return
+		}
+		m.log.Debug("cluster dial attempt failed", "peer", p.index, "address", p.addr, "error", f.err)
+		m.mu.Lock()
+		p.lastErr, p.lastErrAt, p.suspect = f.err, time.Now(), f.suspect
+		m.mu.Unlock()
+		jittered := delay/2 + rand.N(delay/2+1)
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-time.After(jittered):
+		}
+		delay = min(delay*2, maxBackoff)
+	}
+}
+
+// attach starts the sender and the back reader of an established
+// outbound stream.
+func (m *Mesh) attach(p *peer, ob *outbound) {
+	m.mu.Lock()
+	if m.ctx.Err() != nil {
+		m.mu.Unlock()
+		ob.cancel()
+		_ = ob.cc.Close()
+		return
+	}
+	p.cc = ob.cc
+	p.outUp = true
+	p.heard()
+	m.mu.Unlock()
+	m.wg.Add(2)
+	go p.sendLoop(ob.ctx, ob.stream)
+	go p.readBack(ob.stream, ob.cancel)
+	m.log.Debug("cluster stream up", "peer", p.index, "address", p.addr)
+	m.signalChange()
+}
+
+// dialOnce makes one connection and runs the client's half of the
+// handshake on it, within timeout.
+func (m *Mesh) dialOnce(p *peer, timeout time.Duration) (*outbound, *dialFailure) {
+	ctx, cancel := context.WithCancel(m.ctx)
+	pr := &probe{onForeign: cancel}
+	var timedOut atomic.Bool
+	timer := time.AfterFunc(timeout, func() { timedOut.Store(true); cancel() })
+	cc, err := grpc.NewClient("passthrough:///"+p.addr, m.dialOptions(pr)...)
+	if err != nil {
+		timer.Stop()
+		cancel()
+		return nil, &dialFailure{err: fmt.Errorf("process %d (%s): cannot set up a connection: %w", p.index, p.addr, err), permanent: true}
+	}
+	stream, err := m.greet(ctx, cc, p, pr)
+	if timer.Stop() && err == nil {
+		return &outbound{cc: cc, stream: stream, ctx: ctx, cancel: cancel}, nil
+	}
+	cancel()
+	_ = cc.Close()
+	if err == nil {
+		err = context.DeadlineExceeded
+	}
+	return nil, m.classify(p, pr, err, timedOut.Load(), timeout)
+}
+
+// handshakeError is a handshake step that went wrong on the millpond
+// level (the peer spoke the protocol).
+type handshakeError struct {
+	err       error
+	permanent bool
+}
+
+func (e *handshakeError) Error() string { return e.err.Error() }
+func (e *handshakeError) Unwrap() error { return e.err }
+
+// greet is the client's half of the handshake (see handshake.go).
+func (m *Mesh) greet(ctx context.Context, cc *grpc.ClientConn, p *peer, pr *probe) (grpc.ClientStream, error) {
+	desc := streamDesc()
+	stream, err := cc.NewStream(ctx, &desc, fullMethod)
+	if err != nil {
+		return nil, err
+	}
+	h := hello{version: protocolVersion, from: m.index, to: p.index, count: m.n, nonce: newNonce(), identity: m.s.Identity}
+	helloBytes := h.encode()
+	if err := stream.SendMsg(&msg{typ: msgHello, body: helloBytes}); err != nil {
+		return nil, m.streamEnd(stream, err)
+	}
+	var w msg
+	if err := stream.RecvMsg(&w); err != nil {
+		return nil, err
+	}
+	pr.spoke.Store(true)
+	permanent := func(kind error, format string, args ...any) error {
+		args = append([]any{p.index, p.addr}, args...)
+		return &handshakeError{err: errorf(kind, nil, "process %d (%s) "+format, args...), permanent: true}
+	}
+	if w.typ == msgRefuse {
+		return nil, refusedBy(p, decodeRefusal(w.body))
+	}
+	if w.typ != msgChallenge {
+		return nil, permanent(ErrProtocol, "answered the hello with message type %d", w.typ)
+	}
+	body, mac, err := splitMAC(w.body)
+	if err != nil {
+		return nil, permanent(ErrProtocol, "sent a malformed challenge: %v", err)
+	}
+	if !hmac.Equal(mac, handshakeMAC(m.s.Secret, "server", helloBytes, body)) {
+		return nil, permanent(ErrAuthentication, "failed authentication: it does not know this process's cluster secret (every process must be started with the same MILLPOND_CLUSTER_SECRET)")
+	}
+	c, err := decodeChallenge(body)
+	if err != nil {
+		return nil, permanent(ErrProtocol, "sent a malformed challenge: %v", err)
+	}
+	if c.index != p.index {
+		return nil, permanent(ErrIdentityMismatch, "answers as process %d: the processes were started with different address lists", c.index)
+	}
+	if d := disagreement(m.n, c.count, m.s.Identity, c.identity); d != "" {
+		return nil, permanent(ErrIdentityMismatch, "disagrees on %s", d)
+	}
+	proof := handshakeMAC(m.s.Secret, "client", helloBytes, body)
+	if err := stream.SendMsg(&msg{typ: msgProof, body: proof}); err != nil {
+		return nil, m.streamEnd(stream, err)
+	}
+	if err := stream.RecvMsg(&w); err != nil {
+		return nil, err
+	}
+	switch w.typ {
+	case msgAccept:
+		return stream, nil
+	case msgRefuse:
+		return nil, refusedBy(p, decodeRefusal(w.body))
+	}
+	return nil, permanent(ErrProtocol, "answered the proof with message type %d", w.typ)
+}
+
+// streamEnd turns a failed SendMsg into the stream's status: SendMsg
+// reports io.EOF when the stream ended, RecvMsg says why.
+func (m *Mesh) streamEnd(stream grpc.ClientStream, err error) error {
+	var w msg
+	if rerr := stream.RecvMsg(&w); rerr != nil {
+		return rerr
+	}
+	return err
+}
+
+func refusedBy(p *peer, r refusal) error {
+	err := errorf(r.code.kind(), nil, "process %d (%s) refused the connection: %s", p.index, p.addr, r.reason)
+	return &handshakeError{err: err, permanent: !r.retry}
+}
+
+// classify turns a failed attempt into a dialFailure: retry, give up now,
+// or retry but suspect the peer is no millpond process.
+func (m *Mesh) classify(p *peer, pr *probe, err error, timedOut bool, timeout time.Duration) *dialFailure {
+	var he *handshakeError
+	if errors.As(err, &he) {
+		return &dialFailure{err: he.err, permanent: he.permanent}
+	}
+	foreign := func(format string, args ...any) *dialFailure {
+		args = append([]any{p.index, p.addr}, args...)
+		return &dialFailure{err: errorf(ErrForeignProtocol, nil, "process %d (%s) does not speak the millpond cluster protocol: "+format, args...), permanent: true}
+	}
+	pr.mu.Lock()
+	connected, dialErr, head, closed := pr.connected, pr.dialErr, string(pr.head), pr.closed
+	isForeign := pr.foreign
+	pr.mu.Unlock()
+	switch {
+	case isForeign:
+		return foreign("it answered %s", strconv.Quote(head))
+	case !connected && dialErr != nil:
+		return &dialFailure{err: dialErr}
+	case timedOut && connected && head == "":
+		return &dialFailure{err: fmt.Errorf("no answer within %s", formatDuration(timeout)),
+			suspect: fmt.Sprintf("it accepted the connection but sent nothing within %s", formatDuration(timeout))}
+	case timedOut:
+		return &dialFailure{err: fmt.Errorf("no answer to the handshake within %s", formatDuration(timeout))}
+	}
+	code := status.Code(err)
+	switch code {
+	case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded:
+		if connected && head == "" && closed {
+			return &dialFailure{err: errors.New("it closed the connection without a word"),
+				suspect: "it accepted the connection and closed it without a word"}
+		}
+		return &dialFailure{err: errors.New(statusMessage(err))}
+	}
+	if !pr.spoke.Load() {
+		return foreign("it answered with %s (%s)", code, statusMessage(err))
+	}
+	return &dialFailure{err: errors.New(statusMessage(err))}
+}
+
+// dialOptions sets up one attempt's connection.
+func (m *Mesh) dialOptions(pr *probe) []grpc.DialOption {
+	var d net.Dialer
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, "tcp", addr)
+			pr.dialed(err)
+			if err != nil {
+				return nil, err
+			}
+			return &sniffConn{Conn: c, p: pr}, nil
+		}),
+		grpc.WithNoProxy(),
+		grpc.WithDisableRetry(),
+		grpc.WithDisableServiceConfig(),
+		grpc.WithUserAgent("millpond-mesh/" + strconv.Itoa(protocolVersion)),
+		grpc.WithInitialWindowSize(m.s.window),
+		grpc.WithInitialConnWindowSize(m.s.window),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: m.s.PeerTimeout, PermitWithoutStream: true}),
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: firstBackoff, Multiplier: 2, Jitter: 0.2, MaxDelay: maxBackoff},
+			MinConnectTimeout: m.s.handshake,
+		}),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(rawCodec{}), grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
+	}
+}
+
+// probe watches one attempt's connection: whether it connected, and
+// whether the first bytes the peer sent can be the start of an HTTP/2
+// server's greeting (a SETTINGS frame on stream 0). Anything else is a
+// foreign protocol, known at its first wrong byte, and the attempt stops.
+type probe struct {
+	onForeign func()
+	spoke     atomic.Bool // a millpond handshake message arrived
+	full      atomic.Bool // enough bytes seen
+
+	mu        sync.Mutex
+	connected bool
+	dialErr   error
+	head      []byte // the first bytes the peer sent (at most headSize)
+	closed    bool   // the connection ended before any byte
+	foreign   bool
+}
+
+// headSize is how much of a foreign greeting an error message quotes.
+const headSize = 32
+
+func (pr *probe) dialed(err error) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if err != nil {
+		pr.dialErr = err
+		return
+	}
+	pr.connected = true
+}
+
+func (pr *probe) observe(b []byte, err error) {
+	pr.mu.Lock()
+	start := len(pr.head)
+	pr.head = append(pr.head, b[:min(len(b), headSize-start)]...)
+	if len(pr.head) == 0 && err != nil {
+		pr.closed = true
+	}
+	wasForeign := pr.foreign
+	for i := start; i < len(pr.head) && i < 9 && !pr.foreign; i++ {
+		pr.foreign = !settingsByteOK(i, pr.head[i])
+	}
+	nowForeign := pr.foreign && !wasForeign
+	if len(pr.head) >= headSize || (len(pr.head) >= 9 && !pr.foreign) {
+		pr.full.Store(true)
+	}
+	pr.mu.Unlock()
+	if nowForeign {
+		pr.onForeign()
+	}
+}
+
+// settingsByteOK reports whether byte i of a frame header can be that of
+// an HTTP/2 server's first frame: a non-ACK SETTINGS frame on stream 0,
+// of length under 64 KiB.
+func settingsByteOK(i int, b byte) bool {
+	switch i {
+	case 0: // length, high byte
+		return b == 0
+	case 3: // type
+		return b == 0x4
+	case 4, 5, 6, 7, 8: // flags, stream id
+		return b == 0
+	}
+	return true
+}
+
+// sniffConn is a connection whose first bytes read go to its probe.
+type sniffConn struct {
+	net.Conn
+	p *probe
+}
+
+func (c *sniffConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if !c.p.full.Load() {
+		c.p.observe(b[:n], err)
+	}
+	return n, err
+}
+
+// keepaliveTime is gRPC's keepalive ping interval, the smallest it allows
+// a client; heartbeats detect silence sooner.
+const keepaliveTime = 10 * time.Second

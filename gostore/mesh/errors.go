@@ -1,0 +1,75 @@
+package mesh
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinels that errors.Is recognises in the errors of Start, Send and Err.
+var (
+	// ErrConfig is wrapped by every validation error of Start.
+	ErrConfig = errors.New("invalid cluster configuration")
+	// ErrClosed is wrapped by Send after Close.
+	ErrClosed = errors.New("the cluster mesh is closed")
+	// ErrPeerLost matches every *PeerLostError.
+	ErrPeerLost = errors.New("a process of the cluster was lost")
+	// ErrPeerLeft is wrapped by Send to a process that said goodbye (closed
+	// its mesh).
+	ErrPeerLeft = errors.New("the process left the cluster")
+	// ErrAuthentication is wrapped when a process could not prove that it
+	// knows the cluster secret.
+	ErrAuthentication = errors.New("cluster authentication failed")
+	// ErrIdentityMismatch is wrapped when two processes disagree on their
+	// Identity, their index or the number of processes.
+	ErrIdentityMismatch = errors.New("the processes disagree")
+	// ErrForeignProtocol is wrapped when something other than a millpond
+	// process answers on a peer's address.
+	ErrForeignProtocol = errors.New("not a millpond cluster process")
+	// ErrRefused is wrapped when a peer refused the connection for a reason
+	// it sent (for example another protocol version).
+	ErrRefused = errors.New("the connection was refused")
+	// ErrProtocol is wrapped when a peer sent something the protocol does
+	// not allow, such as a control kind this process has no handler for.
+	ErrProtocol = errors.New("cluster protocol violation")
+	// ErrNotJoined is wrapped when peers did not connect within StartTimeout.
+	ErrNotJoined = errors.New("processes did not join in time")
+)
+
+// PeerLostError is the failure of a running mesh whose peer broke its
+// stream or stayed silent for PeerTimeout. errors.Is(err, ErrPeerLost)
+// holds for it.
+type PeerLostError struct {
+	Peer    int    // the lost process's index
+	Address string // its address
+	Reason  string // what was seen: a broken connection, a silence
+}
+
+// Error returns "process 2 (10.0.0.7:2101) lost: <reason>".
+func (e *PeerLostError) Error() string {
+	return fmt.Sprintf("process %d (%s) lost: %s", e.Peer, e.Address, e.Reason)
+}
+
+// Is reports whether target is ErrPeerLost.
+func (e *PeerLostError) Is(target error) bool { return target == ErrPeerLost }
+
+// kindError is an error with an exact message that errors.Is matches
+// against a sentinel (and, if set, the underlying cause).
+type kindError struct {
+	msg   string
+	kind  error
+	cause error
+}
+
+func (e *kindError) Error() string { return e.msg }
+
+func (e *kindError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.kind}
+	}
+	return []error{e.kind, e.cause}
+}
+
+// errorf builds a kindError with a formatted message.
+func errorf(kind, cause error, format string, args ...any) error {
+	return &kindError{msg: fmt.Sprintf(format, args...), kind: kind, cause: cause}
+}

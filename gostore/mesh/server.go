@@ -1,0 +1,258 @@
+package mesh
+
+import (
+	"crypto/hmac"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpcpeer "google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// The gRPC service, written by hand (no protoc): one streaming method. A
+// stream from process i to process j carries i's frames to j; the
+// direction back carries only j's handshake answers, heartbeats and
+// goodbye, which is why it is declared bidirectional.
+const (
+	serviceName = "millpond.mesh.v1.Mesh"
+	streamName  = "Stream"
+	fullMethod  = "/" + serviceName + "/" + streamName
+)
+
+// maxMessage is the largest message on a stream: a frame header and the
+// largest payload.
+const maxMessage = MaxPayload + 2
+
+// streamServer is what the service's handler calls.
+type streamServer interface {
+	serveStream(grpc.ServerStream) error
+}
+
+func streamDesc() grpc.StreamDesc {
+	return grpc.StreamDesc{
+		StreamName:    streamName,
+		Handler:       func(srv any, ss grpc.ServerStream) error { return srv.(streamServer).serveStream(ss) },
+		ClientStreams: true,
+		ServerStreams: true,
+	}
+}
+
+func serviceDesc() *grpc.ServiceDesc {
+	return &grpc.ServiceDesc{
+		ServiceName: serviceName,
+		HandlerType: (*streamServer)(nil),
+		Streams:     []grpc.StreamDesc{streamDesc()},
+		Metadata:    "gostore/mesh",
+	}
+}
+
+// serveStream serves one inbound stream: the handshake, then a receive
+// goroutine that delivers the peer's frames while this goroutine sends
+// heartbeats back, until the peer says goodbye, the stream breaks, this
+// process closes (goodbye back) or stops.
+func (m *Mesh) serveStream(ss grpc.ServerStream) error {
+	remote := "an unknown address"
+	if pr, ok := grpcpeer.FromContext(ss.Context()); ok {
+		remote = pr.Addr.String()
+	}
+	from, err := m.answerWithin(ss)
+	if err != nil {
+		var r *refusedError
+		if errors.As(err, &r) {
+			m.log.Warn("refused a cluster connection", "remote", remote, "reason", r.reason)
+		} else {
+			m.log.Debug("a cluster handshake did not complete", "remote", remote, "error", err)
+		}
+		return status.Error(codes.Unavailable, "handshake did not complete")
+	}
+	p := m.peers[from]
+	served, why := m.register(p)
+	if served == nil {
+		_ = ss.SendMsg(&msg{typ: msgRefuse, body: refusal{retry: true, reason: why}.encode()})
+		m.log.Warn("refused a cluster connection", "remote", remote, "peer", from, "reason", why)
+		return status.Error(codes.Unavailable, why)
+	}
+	defer m.unregister(p, served)
+	p.heard()
+	if err := ss.SendMsg(&msg{typ: msgAccept}); err != nil {
+		p.ended("the stream from it broke during the handshake: " + statusMessage(err))
+		return nil
+	}
+	m.log.Debug("accepted a cluster stream", "peer", from, "remote", remote)
+	m.signalChange()
+
+	received := make(chan error, 1)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		received <- m.receive(p, ss)
+	}()
+	tick := time.NewTicker(m.s.heartbeat)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-received:
+			switch {
+			case err == nil:
+			case errors.Is(err, io.EOF):
+				p.ended("it closed its stream to this process without saying goodbye")
+			case errors.Is(err, ErrProtocol):
+				if p.m.live() {
+					m.fail(errorf(ErrProtocol, err, "process %d (%s) broke the cluster protocol: %v", p.index, p.addr, errors.Unwrap(err)))
+				}
+			default:
+				p.ended("its stream to this process broke: " + statusMessage(err))
+			}
+			return nil
+		case <-tick.C:
+			_ = ss.SendMsg(&msg{typ: msgHeartbeat})
+		case <-p.leave:
+			_ = ss.SendMsg(&msg{typ: msgGoodbye})
+			return nil
+		case <-m.ctx.Done():
+			return status.Error(codes.Unavailable, "the process is stopping")
+		}
+	}
+}
+
+// protocolError marks a receive error that is the peer's fault.
+type protocolError struct{ err error }
+
+func (e protocolError) Error() string   { return e.err.Error() }
+func (e protocolError) Unwrap() error   { return e.err }
+func (e protocolError) Is(t error) bool { return t == ErrProtocol }
+
+// receive reads the peer's frames and delivers them in order. It returns
+// nil after the peer's goodbye, else the error that ended the stream.
+func (m *Mesh) receive(p *peer, ss grpc.ServerStream) error {
+	for {
+		var w msg
+		if err := ss.RecvMsg(&w); err != nil {
+			return err
+		}
+		p.heard()
+		switch w.typ {
+		case msgFrame:
+			p.framesIn.Add(1)
+			p.bytesIn.Add(int64(len(w.body)))
+			if err := m.deliver(p.index, w.kind, w.body); err != nil {
+				return protocolError{err}
+			}
+		case msgHeartbeat:
+		case msgGoodbye:
+			p.markLeft()
+			return nil
+		default:
+			return protocolError{fmt.Errorf("sent message type %d after the handshake", w.typ)}
+		}
+	}
+}
+
+// register makes p's inbound stream the served one. It returns nil and
+// why when that cannot be: this process is stopping, or it serves a
+// stream from that process already (two processes with one index).
+func (m *Mesh) register(p *peer) (chan struct{}, string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case !m.live():
+		return nil, "it is shutting down"
+	case p.inServing != nil:
+		return nil, fmt.Sprintf("it already has a stream from process %d (were two processes started with index %d?)", p.index, p.index)
+	}
+	p.inServing = make(chan struct{})
+	p.inUp = true
+	return p.inServing, ""
+}
+
+func (m *Mesh) unregister(p *peer, served chan struct{}) {
+	m.mu.Lock()
+	p.inServing = nil
+	m.mu.Unlock()
+	close(served)
+}
+
+// answerWithin runs the server's half of the handshake, giving up after
+// the handshake timeout or when the mesh stops.
+func (m *Mesh) answerWithin(ss grpc.ServerStream) (int, error) {
+	type result struct {
+		from int
+		err  error
+	}
+	done := make(chan result, 1)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		from, err := m.answer(ss)
+		done <- result{from, err}
+	}()
+	t := time.NewTimer(m.s.handshake)
+	defer t.Stop()
+	select {
+	case r := <-done:
+		return r.from, r.err
+	case <-t.C:
+		return -1, fmt.Errorf("no handshake within %s", formatDuration(m.s.handshake))
+	case <-m.ctx.Done():
+		return -1, errors.New("the process is stopping")
+	}
+}
+
+// refusedError is a handshake this process refused, with the reason it
+// sent.
+type refusedError struct{ reason string }
+
+func (e *refusedError) Error() string { return "refused: " + e.reason }
+
+// answer is the server's half of the handshake (see handshake.go). It
+// returns the proven peer's index.
+func (m *Mesh) answer(ss grpc.ServerStream) (int, error) {
+	refuse := func(code refusalCode, reason string) error {
+		_ = ss.SendMsg(&msg{typ: msgRefuse, body: refusal{code: code, reason: reason}.encode()})
+		return &refusedError{reason}
+	}
+	var w msg
+	if err := ss.RecvMsg(&w); err != nil {
+		return -1, fmt.Errorf("reading its hello: %w", err)
+	}
+	if w.typ != msgHello {
+		return -1, fmt.Errorf("it sent message type %d instead of a hello", w.typ)
+	}
+	helloBytes := w.body
+	h, err := decodeHello(helloBytes)
+	var ve errVersion
+	if errors.As(err, &ve) {
+		return -1, refuse(refusedVersion, fmt.Sprintf("it speaks version %d of the millpond cluster protocol, this process version %d", protocolVersion, ve.version))
+	}
+	if err != nil {
+		return -1, err
+	}
+	c := challenge{index: m.index, count: m.n, nonce: newNonce(), identity: m.s.Identity}
+	body, signed := signedChallenge(m.s.Secret, helloBytes, &c)
+	if err := ss.SendMsg(&msg{typ: msgChallenge, body: signed}); err != nil {
+		return -1, fmt.Errorf("sending its challenge: %w", err)
+	}
+	if err := ss.RecvMsg(&w); err != nil {
+		return -1, fmt.Errorf("waiting for its proof (it may have refused this process): %w", err)
+	}
+	want := handshakeMAC(m.s.Secret, "client", helloBytes, body)
+	if w.typ != msgProof || !hmac.Equal(w.body, want) {
+		return -1, refuse(refusedAuth, "the connecting process did not prove it knows the cluster secret: every process must be started with the same secret (MILLPOND_CLUSTER_SECRET)")
+	}
+	// Proven. The client checked this process's index, count and
+	// identity before its proof; check its claims the same way.
+	switch {
+	case h.to != m.index:
+		return -1, refuse(refusedIdentity, fmt.Sprintf("it is process %d, not %d: the processes were started with different address lists", m.index, h.to))
+	case h.from < 0 || h.from >= m.n || h.from == m.index:
+		return -1, refuse(refusedIdentity, fmt.Sprintf("process index %d is not another process of its cluster of %d", h.from, m.n))
+	}
+	if d := disagreement(h.count, m.n, h.identity, m.s.Identity); d != "" {
+		return -1, refuse(refusedIdentity, "the processes disagree on "+d)
+	}
+	return h.from, nil
+}
