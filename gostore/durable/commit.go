@@ -18,6 +18,8 @@ type epochState struct {
 	objects  []ObjectRef
 	closeAt  time.Time
 	closeSet bool
+	// sentAt (a follower's) is when the epoch was reported uploaded.
+	sentAt time.Time
 	// whole holds the workers whose rows of the epoch are their whole
 	// state (markWhole).
 	whole map[int]bool
@@ -57,6 +59,9 @@ func (r *Run) CloseLastEpoch(w int, epoch int64) error {
 }
 
 func (r *Run) closeEpoch(w int, epoch int64, last bool) error {
+	if err := r.checkHosted(w); err != nil {
+		return err
+	}
 	if r.pipes == nil {
 		return errNotRunning
 	}
@@ -70,8 +75,9 @@ func (r *Run) closeEpoch(w int, epoch int64, last bool) error {
 	// closed it, a whole-state batch's local write may wait for a segment
 	// that a later close cuts, and compaction and local GC wait for the
 	// local writes, so an earlier close that waited for them would wait
-	// forever (the engine closes an epoch worker by worker).
-	mayWait := !last && es.closing >= r.cfg.WorkerCount
+	// forever (the engine closes an epoch worker by worker). In cluster
+	// mode, the last of this process's workers.
+	mayWait := !last && es.closing >= r.cfg.Workers
 	err := r.err
 	r.mu.Unlock()
 	if err != nil {
@@ -111,8 +117,13 @@ func (r *Run) closeEpoch(w int, epoch int64, last bool) error {
 // tryCommit writes the commit record for the newest epoch whose every
 // worker closed it and whose segments (and every older epoch's) are
 // uploaded. Objects of committed epochs that the backup lost are rebuilt
-// first (heal.go).
+// first (heal.go). On a follower of a cluster it reports the epochs its
+// workers closed and uploaded to the leader instead (follower.go).
 func (r *Run) tryCommit() {
+	if !r.leads() {
+		r.reportUploads()
+		return
+	}
 	lost := r.commitOnce()
 	if len(lost) == 0 {
 		return
@@ -206,6 +217,17 @@ func (r *Run) commitOnce() []ObjectRef {
 		}
 		return lost
 	}
+	// Not after the cluster failed: a follower may have stopped before
+	// it learned of this commit, and nothing more may be committed.
+	if r.clustered() {
+		if err := r.cfg.Cluster.Err(); err != nil {
+			r.fail(peerError{from: -1, err: fmt.Errorf("%w: %w", ErrCluster, err)})
+			return nil
+		}
+		if r.Err() != nil {
+			return nil
+		}
+	}
 	// A commit record is retried like a segment: one failed request must
 	// not stop the flow.
 	if err := r.retry("commit record upload", commitKey(r.cfg.FlowID, target), func() error {
@@ -215,11 +237,18 @@ func (r *Run) commitOnce() []ObjectRef {
 		return nil
 	}
 	r.record = rec
-	for _, s := range r.stores {
+	for _, s := range r.hosted() {
 		// A local store generation started at a whole epoch up to target
 		// may now replace the old one. (Before Committed reports target:
 		// whoever sees the commit finds the stores told.)
 		s.NoteCommitted(target)
+	}
+	if r.clustered() {
+		// Under commitMu, so the followers get the records in order; and
+		// before Committed reports target, so that whatever the leader
+		// sends once it sees the commit (`finished`, `compact`) reaches
+		// a follower after the commit.
+		r.broadcastRecord(rec)
 	}
 	r.mu.Lock()
 	for e := r.committed + 1; e <= target; e++ {

@@ -82,19 +82,19 @@ func (r *Run) compactAt(ctx context.Context, c int64, heal bool) error {
 		variant = int(r.metrics.Heals) + 1
 		r.mu.Unlock()
 	}
-	var objs []ObjectRef
-	for w, s := range r.stores {
-		dir := filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "compact")
-		os.RemoveAll(dir)
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return err
-		}
-		ref, err := r.compactWorker(ctx, w, s, dir, c, variant)
-		os.RemoveAll(dir)
+	// In a cluster the followers compact their workers meanwhile.
+	round := r.requestCompaction(c, heal, variant)
+	defer r.endCompaction(round)
+	objs, err := r.compactHosted(ctx, c, variant)
+	if err != nil {
+		return err
+	}
+	if round != nil {
+		remote, err := r.awaitCompaction(ctx, round)
 		if err != nil {
 			return err
 		}
-		objs = append(objs, ref)
+		objs = append(objs, remote...)
 	}
 	r.commitMu.Lock()
 	defer r.commitMu.Unlock()
@@ -125,16 +125,50 @@ func (r *Run) compactAt(ctx context.Context, c int64, heal bool) error {
 		// rebuilds them (heal.go).
 		return fmt.Errorf("%w: %s; not writing the compacted commit record", ErrObjectsLost, describeObjects(lost))
 	}
+	if r.clustered() {
+		// Not after the cluster failed (see commitOnce).
+		if err := r.cfg.Cluster.Err(); err != nil {
+			return fmt.Errorf("%w: %w; not writing the compacted commit record", ErrCluster, err)
+		}
+		if err := r.Err(); err != nil {
+			return err
+		}
+	}
 	if err := writeCommit(ctx, r.cfg.Backup, rec, r.cfg.Key); err != nil {
 		return fmt.Errorf("write compacted commit record of epoch %d: %w", rec.Epoch, err)
 	}
 	r.record = rec
+	if r.clustered() {
+		// Under commitMu, in order with the commits: the followers'
+		// record stays the leader's.
+		r.broadcastRecord(rec)
+	}
 	r.mu.Lock()
 	r.metrics.Compactions++
 	r.segmentBytes, r.compactedBytes = objectBytes(rec.Objects)
 	r.mu.Unlock()
 	r.cfg.Logger.Info("durable state compacted", "flow", r.cfg.FlowID, "epoch", c, "objects", len(keep))
 	return nil
+}
+
+// compactHosted compacts every worker of this process at epoch c, one
+// compacted object each.
+func (r *Run) compactHosted(ctx context.Context, c int64, variant int) ([]ObjectRef, error) {
+	var objs []ObjectRef
+	for w, s := range r.hosted() {
+		dir := filepath.Join(r.cfg.LocalDir, r.cfg.FlowID, fmt.Sprintf("worker-%04d", w), "compact")
+		os.RemoveAll(dir)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, err
+		}
+		ref, err := r.compactWorker(ctx, w, s, dir, c, variant)
+		os.RemoveAll(dir)
+		if err != nil {
+			return nil, err
+		}
+		objs = append(objs, ref)
+	}
+	return objs, nil
 }
 
 func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir string, c int64, variant int) (ObjectRef, error) {

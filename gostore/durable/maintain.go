@@ -91,7 +91,7 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 	if now := time.Now(); lagging || !now.Before(r.gcNext) {
 		defer r.addSeconds(&r.metrics.LocalGCSeconds, now)
 		ok := true
-		for w, s := range r.stores {
+		for w, s := range r.hosted() {
 			if _, err := s.GC(ctx, committed); err != nil {
 				ok = false
 				if errors.Is(err, localstore.ErrDamaged) {
@@ -110,7 +110,15 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 		}
 	}
 	// Compaction is not paced: it is what keeps the durable footprint
-	// within its bound, so it runs whenever it is due.
+	// within its bound, so it runs whenever it is due. In a cluster only
+	// the leader decides compactions and collects durable garbage.
+	if !r.leads() {
+		r.mu.Lock()
+		r.maintFailing = failed
+		r.cond.Broadcast()
+		r.mu.Unlock()
+		return
+	}
 	if ctx.Err() == nil && r.compactionDue() {
 		start := time.Now()
 		// The newest commit: the round started a while ago, and
@@ -166,6 +174,12 @@ func (r *Run) maintenanceBehindLocked() bool {
 	}
 	if r.committed-r.gcEpoch > maxGCLag {
 		return true
+	}
+	if !r.leads() {
+		// A follower does not know whether the leader's compaction is
+		// failing (then the leader does not wait for it); holding the
+		// leader back holds the cluster.
+		return false
 	}
 	floor := max(r.compactedBytes, r.cfg.CompactMinBytes)
 	return float64(r.segmentBytes) > 1.5*r.cfg.CompactRatio*float64(floor)+float64(r.cfg.CompactMinBytes)

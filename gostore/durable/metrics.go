@@ -50,6 +50,19 @@ type Metrics struct {
 	// LocalWriteSeconds is the time the local stores spent writing
 	// snapshot batches (in the background, beside the flow).
 	LocalWriteSeconds float64
+	// Cluster mode: ClusterSent and ClusterReceived count the control
+	// messages this process sent and took while it ran. On the leader,
+	// RemoteUploads counts the epochs followers reported uploaded and
+	// RemoteSegments the segments they named; on a follower,
+	// CommitWaitSeconds adds up, per commit, the time from reporting its
+	// newest epoch to learning it committed (Commits, CommittedEpoch and
+	// CommitLatencies count the commits it learned of; Compactions, its
+	// parts of the leader's compactions).
+	ClusterSent       int64
+	ClusterReceived   int64
+	RemoteUploads     int64
+	RemoteSegments    int64
+	CommitWaitSeconds float64
 	// CommitLatencies are seconds from the first close of an epoch to its
 	// commit, newest last (at most 4096 kept).
 	CommitLatencies []float64

@@ -47,6 +47,10 @@ var errNotRunning = errors.New("recovery run is not started or already finished"
 // (b.Whole) must be the worker's only batch of its epoch (whole.go).
 // Once the pipeline failed, Write returns its error.
 func (r *Run) Write(ctx context.Context, w int, b rowbatch.Batch) (int, error) {
+	if err := r.checkHosted(w); err != nil {
+		b.Release()
+		return 0, err
+	}
 	if err := r.Err(); err != nil {
 		b.Release()
 		return 0, err

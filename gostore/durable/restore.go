@@ -58,7 +58,15 @@ func (r *Run) Progress() *Progress { return &r.progress }
 // Restore opens worker w's local store at the resume epoch: as it is when
 // it is current (fast resume), rebuilt from the durable store otherwise
 // (full resume: a missing, stale, damaged or differently laid out store).
+//
+// In cluster mode w is a global index and must be hosted by this process.
 func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
+	if err := r.checkHosted(w); err != nil {
+		return RestoreInfo{}, fmt.Errorf("restore worker: %w", err)
+	}
+	if r.stores[w] != nil {
+		return RestoreInfo{}, fmt.Errorf("restore worker %d: restored already", w)
+	}
 	start := time.Now()
 	cfg := localstore.Config{
 		Dir: r.cfg.LocalDir, FlowID: r.cfg.FlowID, WorkerIndex: w, WorkerCount: r.cfg.WorkerCount,

@@ -96,6 +96,24 @@ type Config struct {
 	// names is read. Nil seals with a plain SHA-256 (integrity only).
 	Key    Key
 	Logger *slog.Logger
+
+	// Cluster, when set, makes this run one process of a flow that runs as
+	// several (cluster.go): it hosts workers FirstWorker..FirstWorker+
+	// Workers-1 of WorkerCount, process 0 leads. Nil: this run is the
+	// whole flow.
+	Cluster Cluster
+	// FirstWorker is the first worker this process hosts (a global
+	// index); cluster mode only.
+	FirstWorker int
+	// Workers is how many workers this process hosts; 0 means
+	// WorkerCount (one process).
+	Workers int
+	// StartTimeout bounds each wait for the other processes while a
+	// cluster run starts: a follower's for the leader's agreement (Open)
+	// and for the recorded execution (Start), the leader's for every
+	// follower's restored workers (Start, so it must cover the slowest
+	// process's restore beyond the leader's own). Default 60s.
+	StartTimeout time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -110,6 +128,26 @@ func (c *Config) defaults() error {
 	}
 	if err := keygroup.Validate(c.KeyGroupCount, 0, c.WorkerCount); err != nil {
 		return err
+	}
+	if c.Workers == 0 {
+		c.Workers = c.WorkerCount
+	}
+	if c.Cluster == nil {
+		if c.FirstWorker != 0 || c.Workers != c.WorkerCount {
+			return fmt.Errorf("FirstWorker %d and Workers %d select one process's workers of a cluster; without a Cluster a run hosts all %d workers",
+				c.FirstWorker, c.Workers, c.WorkerCount)
+		}
+	} else {
+		if n, i := c.Cluster.Count(), c.Cluster.Index(); n < 1 || i < 0 || i >= n {
+			return fmt.Errorf("cluster process %d of %d: the index must be in 0..count-1", i, n)
+		}
+		if c.FirstWorker < 0 || c.Workers < 1 || c.FirstWorker+c.Workers > c.WorkerCount {
+			return fmt.Errorf("this process hosts workers %d..%d, not a range of the flow's %d workers; set FirstWorker and Workers (at least 1)",
+				c.FirstWorker, c.FirstWorker+c.Workers-1, c.WorkerCount)
+		}
+	}
+	if c.StartTimeout <= 0 {
+		c.StartTimeout = 60 * time.Second
 	}
 	if c.MaxEpochsInFlight <= 0 {
 		c.MaxEpochsInFlight = 4
@@ -205,12 +243,50 @@ type Run struct {
 	// uploadWG tracks the upload goroutines apart: they send to maint,
 	// so Finish closes maint only once they are gone.
 	uploadWG sync.WaitGroup
+	// clusterWG tracks the inbox reader and a follower's compactions.
+	clusterWG sync.WaitGroup
+
+	// failed is closed by the first fail, for waits on channels.
+	failed chan struct{}
+	// Cluster mode (cluster.go, agree.go, leader.go, follower.go).
+	// peers (leader, under mu after Start) are the processes' workers.
+	peers []peer
+	// sent (follower, under mu) is the newest epoch reported uploaded.
+	sent int64
+	// kick wakes the leader's committer (an `uploaded` arrived).
+	kick chan struct{}
+	// stopCluster stops the inbox reader and the committer.
+	stopCluster chan struct{}
+	// round (leader, under mu) is the compaction waiting for the
+	// followers' parts; rounds numbers them.
+	round  *compactRound
+	rounds int64
+	// compactReqs (follower) queues the leader's compaction requests.
+	compactReqs chan clusterMsg
+	// finishing (under mu): Finish was called. leaderDone (follower,
+	// under mu): the leader finished and commits nothing more.
+	finishing  bool
+	leaderDone bool
+	// finished: Finish ran to its end (Close then tells no one).
+	finished bool
 }
 
 // Open reads the durable state and returns the run, numbered as the next
 // execution. Call Restore for each worker, then Start, which records the
 // execution before anything is processed.
+//
+// In cluster mode (Config.Cluster), the leader sends its decision to the
+// other processes, and a follower waits for it (Config.StartTimeout) and
+// takes over the leader's execution and resume epoch (agree.go).
 func Open(ctx context.Context, cfg Config) (*Run, error) {
+	r, err := open(ctx, cfg)
+	if err != nil && cfg.Cluster != nil {
+		tellFailed(cfg.Cluster, -1, err)
+	}
+	return r, err
+}
+
+func open(ctx context.Context, cfg Config) (*Run, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, fmt.Errorf("open recovery for flow %q: %w", cfg.FlowID, err)
 	}
@@ -242,26 +318,39 @@ func Open(ctx context.Context, cfg Config) (*Run, error) {
 		gcEpoch: st.Commit.Epoch,
 		record:  st.Commit,
 		parent:  ctx,
+		failed:  make(chan struct{}),
+		sent:    st.Commit.Epoch,
 	}
 	r.cond = sync.NewCond(&r.mu)
 	r.segmentBytes, r.compactedBytes = objectBytes(st.Commit.Objects)
 	if r.record.Epoch == 0 {
 		r.record = CommitRecord{FlowID: cfg.FlowID}
 	}
+	if r.clustered() {
+		if err := r.agreeOpen(); err != nil {
+			return nil, fmt.Errorf("open recovery for flow %q: %w", cfg.FlowID, err)
+		}
+	}
 	return r, nil
 }
 
-// Execution is this run's execution number.
+// Execution is this run's execution number (the cluster's: the leader's).
 func (r *Run) Execution() int64 { return r.execution }
 
-// ResumeEpoch is the first epoch this run processes.
+// ResumeEpoch is the first epoch this run processes (the cluster's).
 func (r *Run) ResumeEpoch() int64 { return r.resume }
 
 // State is the durable state the run started from.
 func (r *Run) State() State { return r.state }
 
-// Store returns worker w's local store (after Restore).
-func (r *Run) Store(w int) *localstore.Store { return r.stores[w] }
+// Store returns worker w's local store (after Restore); nil for a worker
+// this process does not host.
+func (r *Run) Store(w int) *localstore.Store {
+	if !r.hosts(w) {
+		return nil
+	}
+	return r.stores[w]
+}
 
 // Worker is one worker's part of a run, for the owner of its state: the
 // local store it reads from and Write for its snapshot batches.
@@ -270,11 +359,12 @@ type Worker struct {
 	index int
 }
 
-// Worker returns worker w's part of the run (after Restore).
+// Worker returns worker w's part of the run (after Restore). For a worker
+// this process does not host, its Store is nil and Write refuses.
 func (r *Run) Worker(w int) *Worker { return &Worker{run: r, index: w} }
 
 // Store is the worker's local store.
-func (w *Worker) Store() *localstore.Store { return w.run.stores[w.index] }
+func (w *Worker) Store() *localstore.Store { return w.run.Store(w.index) }
 
 // Write is Run.Write for this worker.
 func (w *Worker) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
@@ -283,31 +373,62 @@ func (w *Worker) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
 
 // Start launches the background pipeline. Call it after every worker was
 // restored.
+//
+// In cluster mode a follower tells the leader its workers are restored and
+// returns once the leader recorded the execution; the leader waits for
+// every follower first (agree.go). Each process then runs the pipelines of
+// its own workers.
 func (r *Run) Start() error {
-	for w, s := range r.stores {
+	if err := r.start(); err != nil {
+		if r.clustered() {
+			tellFailed(r.cfg.Cluster, r.execution, err)
+		}
+		return err
+	}
+	return nil
+}
+
+func (r *Run) start() error {
+	if r.pipes != nil {
+		return errors.New("start recovery run: already started")
+	}
+	for w, s := range r.hosted() {
 		if s == nil {
 			return fmt.Errorf("start recovery run: worker %d was not restored", w)
 		}
 	}
-	// The execution is recorded only now, with every worker's local store
-	// locked: a second start that fails on a lock must leave no record, or
-	// it would fence off the run it collided with (listFlow, superseded).
-	rec := ExecutionRecord{
-		FlowID: r.cfg.FlowID, Execution: r.execution, ResumeEpoch: r.resume,
-		WorkerCount: r.cfg.WorkerCount, KeyGroupCount: r.cfg.KeyGroupCount, StartedUnix: time.Now().Unix(),
+	if r.clustered() {
+		if err := r.agreeStart(); err != nil {
+			return fmt.Errorf("start recovery for flow %q: %w", r.cfg.FlowID, err)
+		}
 	}
-	if err := RecordExecution(r.parent, r.cfg.Backup, rec, r.cfg.Key); err != nil {
-		return fmt.Errorf("start recovery for flow %q: record execution %d: %w", r.cfg.FlowID, r.execution, err)
+	if r.leads() {
+		// The execution is recorded only now, with every worker's local
+		// store locked: a second start that fails on a lock must leave no
+		// record, or it would fence off the run it collided with
+		// (listFlow, superseded).
+		rec := ExecutionRecord{
+			FlowID: r.cfg.FlowID, Execution: r.execution, ResumeEpoch: r.resume,
+			WorkerCount: r.cfg.WorkerCount, KeyGroupCount: r.cfg.KeyGroupCount, StartedUnix: time.Now().Unix(),
+		}
+		if err := RecordExecution(r.parent, r.cfg.Backup, rec, r.cfg.Key); err != nil {
+			return fmt.Errorf("start recovery for flow %q: record execution %d: %w", r.cfg.FlowID, r.execution, err)
+		}
+		r.cfg.Logger.Debug("execution recorded", "flow", r.cfg.FlowID, "execution", r.execution, "resume_epoch", r.resume)
+		if r.clustered() {
+			if err := r.toFollowers(clusterMsg{Type: msgStarted}); err != nil {
+				return fmt.Errorf("start recovery for flow %q: %w", r.cfg.FlowID, err)
+			}
+		}
 	}
-	r.cfg.Logger.Debug("execution recorded", "flow", r.cfg.FlowID, "execution", r.execution, "resume_epoch", r.resume)
 	// Local GC's debt is what the restored stores carry, not the committed
 	// epoch: a store resumed fast may not have been collected for a while.
 	r.mu.Lock()
-	for _, s := range r.stores {
+	for _, s := range r.hosted() {
 		r.gcEpoch = min(r.gcEpoch, s.Meta().GCEpoch)
 	}
 	r.mu.Unlock()
-	for _, s := range r.stores {
+	for _, s := range r.hosted() {
 		s.SetCheckpointGate(r.waitCommitsIdle)
 	}
 	r.ctx, r.cancel = context.WithCancel(r.parent)
@@ -319,15 +440,24 @@ func (r *Run) Start() error {
 	})
 	r.uploads = make(chan uploadJob, 64)
 	r.maint = make(chan int64, 1)
-	for w := range r.stores {
-		p := &pipe{events: make(chan pipeEvent, 16), done: make(chan struct{})}
-		r.pipes = append(r.pipes, p)
+	pipes := make([]*pipe, r.cfg.WorkerCount)
+	cuts := make(map[int]*segment.Cutter, r.cfg.Workers)
+	for w := range r.hosted() {
 		cut, err := r.newCutter(w)
 		if err != nil {
+			for _, c := range cuts {
+				c.Close()
+			}
+			r.cancel()
 			return err
 		}
+		cuts[w] = cut
+		pipes[w] = &pipe{events: make(chan pipeEvent, 16), done: make(chan struct{})}
+	}
+	r.pipes = pipes
+	for w, cut := range cuts {
 		r.wg.Add(1)
-		go r.runPipe(w, p, cut)
+		go r.runPipe(w, r.pipes[w], cut)
 	}
 	for i := 0; i < r.cfg.UploadWorkers; i++ {
 		r.uploadWG.Add(1)
@@ -335,14 +465,19 @@ func (r *Run) Start() error {
 	}
 	r.wg.Add(1)
 	go r.runMaintenance()
+	if r.clustered() {
+		r.startCluster()
+	}
 	r.startVerification()
 	return nil
 }
 
 func (r *Run) fail(err error) {
 	r.mu.Lock()
-	if r.err == nil {
+	first := r.err == nil
+	if first {
 		r.err = err
+		close(r.failed)
 		r.cfg.Logger.Error("recovery pipeline failed; nothing is committed past this point", "err", err)
 	}
 	// A failed pipe cuts no more segments: a local store waiting for one
@@ -350,6 +485,11 @@ func (r *Run) fail(err error) {
 	r.dropHandoffsLocked()
 	r.cond.Broadcast()
 	r.mu.Unlock()
+	if first && r.clustered() {
+		// The other processes cannot commit without this one: they stop
+		// too, rather than wait for it.
+		tellFailed(r.cfg.Cluster, r.execution, err)
+	}
 }
 
 // Err returns the error that stopped the pipeline, if any.
@@ -362,19 +502,79 @@ func (r *Run) Err() error {
 // Finish waits until every epoch that all workers closed is committed (or
 // the pipeline failed), then stops the background work. With aborted set
 // an epoch that not every worker closed is dropped, as a crash would.
+//
+// In cluster mode the leader first waits (unless aborted) until every
+// follower said it closes nothing more, so that the epochs all workers of
+// all processes closed are known, and at the end tells the followers it
+// commits nothing more. A follower reports its last uploads and (unless
+// aborted) waits until the leader committed the last epoch its workers
+// closed (follower.go).
 func (r *Run) Finish(aborted bool) error {
 	if r.pipes == nil {
 		return nil
 	}
+	r.mu.Lock()
+	r.finishing = true
+	r.mu.Unlock()
 	for _, p := range r.pipes {
-		close(p.events)
+		if p != nil {
+			close(p.events)
+		}
 	}
 	for _, p := range r.pipes {
-		<-p.done
+		if p != nil {
+			<-p.done
+		}
 	}
 	r.dropHandoffs()
 	r.releaseAllHeld()
+	var err error
+	if r.leads() {
+		err = r.finishCommits(aborted)
+	} else {
+		err = r.finishFollower(aborted)
+	}
+	// Nothing is left to commit: a check still running guards nothing.
+	if r.stopVerify != nil {
+		r.stopVerify()
+	}
+	close(r.uploads)
+	if r.stopCluster != nil {
+		close(r.stopCluster)
+	}
+	r.uploadWG.Wait() // an upload's tryCommit may still send to maint
+	// A maintenance round still running is stopped (it is safe to stop at
+	// any point, and local GC and compaction check for it as they go):
+	// waiting for it would hold the end of the run for work the next run
+	// does anyway.
+	r.maintCancel()
+	r.clusterWG.Wait() // a follower's applied commit may send to maint
+	close(r.maint)
+	r.wg.Wait()
+	r.cancel()
+	r.pipes = nil
+	for _, s := range r.hosted() {
+		// The next run's fast resume needs the local store complete.
+		if ferr := s.Flush(); ferr != nil && err == nil {
+			err = ferr
+		}
+	}
+	r.finished = true
+	if err == nil && r.leads() {
+		// The local store's GC is left to the next run, which does it in
+		// the background once it started (it would hold up its resume).
+		r.finalMaintenance(context.Background())
+	}
+	return err
+}
+
+// finishCommits is Finish's wait for the commits of the run (the leader's,
+// or a run of its own): every epoch that every worker closed.
+func (r *Run) finishCommits(aborted bool) error {
 	r.mu.Lock()
+	for r.err == nil && !aborted && !r.followersFinishedLocked() {
+		r.cond.Wait()
+	}
 	target := r.committed
 	for e := r.committed + 1; ; e++ {
 		es := r.epochs[e]
@@ -387,40 +587,28 @@ func (r *Run) Finish(aborted bool) error {
 		r.cond.Wait()
 	}
 	err := r.err
+	committed := r.committed
 	r.stopped = true
 	r.cond.Broadcast()
 	r.mu.Unlock()
-	// Nothing is left to commit: a check still running guards nothing.
-	if r.stopVerify != nil {
-		r.stopVerify()
-	}
-	close(r.uploads)
-	r.uploadWG.Wait() // an upload's tryCommit may still send to maint
-	// A maintenance round still running is stopped (it is safe to stop at
-	// any point, and local GC and compaction check for it as they go):
-	// waiting for it would hold the end of the run for work the next run
-	// does anyway.
-	r.maintCancel()
-	close(r.maint)
-	r.wg.Wait()
-	r.cancel()
-	r.pipes = nil
-	for _, s := range r.stores {
-		// The next run's fast resume needs the local store complete.
-		if ferr := s.Flush(); ferr != nil && err == nil {
-			err = ferr
+	if r.clustered() && err == nil {
+		if serr := r.toFollowers(clusterMsg{Type: msgFinished, Epoch: committed}); serr != nil {
+			// What is committed stands; the followers find the cluster
+			// gone instead.
+			r.cfg.Logger.Warn("could not tell every process the run finished", "err", serr)
 		}
-	}
-	if err == nil {
-		// The local store's GC is left to the next run, which does it in
-		// the background once it started (it would hold up its resume).
-		r.finalMaintenance(context.Background())
 	}
 	return err
 }
 
 // Close stops the run (without waiting for commits) and closes the stores.
+// In cluster mode, closing a run that did not finish stops the other
+// processes' runs too.
 func (r *Run) Close() error {
+	if r.pipes == nil && r.clustered() && !r.finished {
+		r.finished = true
+		tellFailed(r.cfg.Cluster, r.execution, fmt.Errorf("process %d closed its run before it started", r.cfg.Cluster.Index()))
+	}
 	if r.pipes != nil {
 		r.fail(errStopped)
 		// Without waiting for commits nothing in flight matters any more:
@@ -430,7 +618,7 @@ func (r *Run) Close() error {
 		r.Finish(true)
 	}
 	var first error
-	for _, s := range r.stores {
+	for _, s := range r.hosted() {
 		if s != nil {
 			if err := s.Close(); err != nil && first == nil {
 				first = err

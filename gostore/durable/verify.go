@@ -24,7 +24,7 @@ import (
 func (r *Run) startVerification() {
 	ctx, cancel := context.WithCancel(r.ctx)
 	r.stopVerify = cancel
-	for w, s := range r.stores {
+	for w, s := range r.hosted() {
 		if r.restores[w].Kind != ResumeFast {
 			continue
 		}

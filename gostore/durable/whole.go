@@ -34,7 +34,15 @@ type handoff struct {
 // exactly b's other rows, to be staged for the store (stage) rather than
 // have the store write the rows a second time. It returns the rows to cut
 // into the segment and the staging channel for the store, if any.
+//
+// In cluster mode a whole batch is written as a plain one: its deletions
+// are kept and its epoch is never promoted to compacted state, which would
+// need every process to agree on every worker's batch being whole. (The
+// local store still takes it as a new generation.)
 func (r *Run) takeWhole(w int, b rowbatch.Batch) ([]rowbatch.Row, <-chan string, error) {
+	if r.clustered() {
+		return b.Rows, nil, nil
+	}
 	r.markWhole(w, b.Epoch)
 	if r.cfg.Mode != SnapshotBatch {
 		return b.Rows, nil, nil
