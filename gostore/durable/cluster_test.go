@@ -805,3 +805,71 @@ func TestClusterOfOne(t *testing.T) {
 	h.finish(procs)
 	requireModel(t, h.hist.at[4], readBack(t, h.bk, h.kgc))
 }
+
+// In immediate mode a follower reports every segment of an epoch (one per
+// batch) and the leader's record names them all.
+func TestClusterImmediateMode(t *testing.T) {
+	h := newClusterHarness(t)
+	g := updatesGen(200, 0.25, true)
+	immediate := func(c *durable.Config) { c.Mode = durable.SnapshotImmediate }
+	procs, _ := h.start(2, 2, false, immediate)
+	h.mustEpochs(procs, 1, 5, g)
+	h.finish(procs)
+	requireCovered(t, h.bk, 4, h.kgc, 1, rowsOfEpochs(g, 1, 5))
+	requireModel(t, h.hist.at[5], readBack(t, h.bk, h.kgc))
+}
+
+// The leader's Finish waits for a follower that closes its last epochs
+// after it (the follower is slower), and commits them.
+func TestClusterLeaderFinishWaitsForFollowers(t *testing.T) {
+	h := newClusterHarness(t)
+	g := updatesGen(100, 0.5, false)
+	procs, _ := h.start(2, 1, false)
+	rows := rowsOfEpochs(g, 1, 3)
+	for e := int64(1); e <= 3; e++ {
+		h.m.apply(rows[e])
+		h.hist.record(e, h.m)
+	}
+	ctx := context.Background()
+	errs := parallel(2, func(p int) error {
+		if p == 1 {
+			time.Sleep(300 * time.Millisecond)
+		}
+		run := procs[p].run
+		for e := int64(1); e <= 3; e++ {
+			if _, err := run.Write(ctx, p, rowbatch.NewBatch(e, route(rows[e], 2, h.kgc)[p], false)); err != nil {
+				return err
+			}
+			if err := run.CloseLastEpoch(p, e); err != nil {
+				return err
+			}
+		}
+		return run.Finish(false)
+	})
+	require.NoError(t, errors.Join(errs...))
+	assert.Equal(t, int64(3), procs[0].run.Committed())
+	assert.Equal(t, int64(3), procs[1].run.Committed())
+	requireModel(t, h.hist.at[3], readBack(t, h.bk, h.kgc))
+}
+
+// A leader that aborts commits only what every worker closed, and a
+// follower that did not abort learns that its last epoch never committed.
+func TestClusterLeaderAborts(t *testing.T) {
+	h := newClusterHarness(t)
+	g := updatesGen(100, 0.5, false)
+	procs, _ := h.start(2, 1, false)
+	h.mustEpochs(procs, 1, 2, g)
+	ctx := context.Background()
+	// Epoch 3 is closed by the follower only.
+	rows := route(g(3), 2, h.kgc)
+	_, err := procs[1].run.Write(ctx, 1, rowbatch.NewBatch(3, rows[1], false))
+	require.NoError(t, err)
+	require.NoError(t, procs[1].run.CloseLastEpoch(1, 3))
+	require.Eventually(t, func() bool { return procs[0].run.Committed() == 2 }, waitFor, tick)
+	require.NoError(t, procs[0].run.Finish(true))
+	err = procs[1].run.Finish(false)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "process 0 finished")
+	assert.Equal(t, int64(2), readState(t, h.bk).Commit.Epoch)
+	requireModel(t, h.hist.at[2], readBack(t, h.bk, h.kgc))
+}
