@@ -53,7 +53,8 @@ type msgType byte
 
 // The messages of a stream. A stream from process i to process j carries,
 // from i: hello, proof, then frames and at last goodbye; from j: challenge,
-// accept (or refuse), then heartbeats and at last goodbye.
+// accept (or refuse), then heartbeats and at last goodbye. Either side may
+// end it with an abort instead of a goodbye: it failed, and says why.
 const (
 	msgFrame     msgType = 1 // kind byte, payload
 	msgHeartbeat msgType = 2 // empty
@@ -63,6 +64,7 @@ const (
 	msgProof     msgType = 6 // the client's MAC
 	msgAccept    msgType = 7 // empty
 	msgRefuse    msgType = 8 // see refusal
+	msgAbort     msgType = 9 // why the sender stopped (either direction)
 )
 
 // msg is one message of a mesh stream.

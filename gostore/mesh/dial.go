@@ -53,7 +53,7 @@ func (m *Mesh) dialLoop(p *peer) {
 			m.attach(p, ob)
 			return
 		}
-		if m.ctx.Err() != nil {
+		if !m.live() {
 			return
 		}
 		if f.permanent {
@@ -78,7 +78,7 @@ func (m *Mesh) dialLoop(p *peer) {
 // outbound stream.
 func (m *Mesh) attach(p *peer, ob *outbound) {
 	m.mu.Lock()
-	if m.ctx.Err() != nil {
+	if !m.live() {
 		m.mu.Unlock()
 		ob.cancel()
 		_ = ob.cc.Close()
@@ -100,6 +100,14 @@ func (m *Mesh) attach(p *peer, ob *outbound) {
 func (m *Mesh) dialOnce(p *peer, timeout time.Duration) (*outbound, *dialFailure) {
 	ctx, cancel := context.WithCancel(m.ctx)
 	pr := &probe{onForeign: cancel}
+	m.mu.Lock()
+	p.attempt = pr
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		p.attempt = nil
+		m.mu.Unlock()
+	}()
 	var timedOut atomic.Bool
 	timer := time.AfterFunc(timeout, func() { timedOut.Store(true); cancel() })
 	cc, err := grpc.NewClient("passthrough:///"+p.addr, m.dialOptions(pr)...)
@@ -162,21 +170,27 @@ func (m *Mesh) greet(ctx context.Context, cc *grpc.ClientConn, p *peer, pr *prob
 		return nil, permanent(ErrProtocol, "sent a malformed challenge: %v", err)
 	}
 	if !hmac.Equal(mac, handshakeMAC(m.s.Secret, "server", helloBytes, body)) {
+		// Say so (unproven, so the server only notes it) and hang up.
+		_ = stream.SendMsg(&msg{typ: msgRefuse, body: refusal{code: refusedAuth, reason: "bad server MAC"}.encode()})
 		return nil, permanent(ErrAuthentication, "failed authentication: it does not know this process's cluster secret (every process must be started with the same MILLPOND_CLUSTER_SECRET)")
 	}
 	c, err := decodeChallenge(body)
 	if err != nil {
 		return nil, permanent(ErrProtocol, "sent a malformed challenge: %v", err)
 	}
+	// The server is proven. Prove this process too, even when the two
+	// disagree: the server then knows the disagreement comes from a
+	// process of its cluster and stops its own Start as well.
+	proof := handshakeMAC(m.s.Secret, "client", helloBytes, body)
+	sendErr := stream.SendMsg(&msg{typ: msgProof, body: proof})
 	if c.index != p.index {
 		return nil, permanent(ErrIdentityMismatch, "answers as process %d: the processes were started with different address lists", c.index)
 	}
 	if d := disagreement(m.n, c.count, m.s.Identity, c.identity); d != "" {
 		return nil, permanent(ErrIdentityMismatch, "disagrees on %s", d)
 	}
-	proof := handshakeMAC(m.s.Secret, "client", helloBytes, body)
-	if err := stream.SendMsg(&msg{typ: msgProof, body: proof}); err != nil {
-		return nil, m.streamEnd(stream, err)
+	if sendErr != nil {
+		return nil, m.streamEnd(stream, sendErr)
 	}
 	if err := stream.RecvMsg(&w); err != nil {
 		return nil, err
@@ -217,7 +231,7 @@ func (m *Mesh) classify(p *peer, pr *probe, err error, timedOut bool, timeout ti
 		return &dialFailure{err: errorf(ErrForeignProtocol, nil, "process %d (%s) does not speak the millpond cluster protocol: "+format, args...), permanent: true}
 	}
 	pr.mu.Lock()
-	connected, dialErr, head, closed := pr.connected, pr.dialErr, string(pr.head), pr.closed
+	connected, dialErr, head, closed := !pr.connected.IsZero(), pr.dialErr, string(pr.head), pr.closed
 	isForeign := pr.foreign
 	pr.mu.Unlock()
 	switch {
@@ -284,7 +298,7 @@ type probe struct {
 	full      atomic.Bool // enough bytes seen
 
 	mu        sync.Mutex
-	connected bool
+	connected time.Time // zero until the TCP connection is up
 	dialErr   error
 	head      []byte // the first bytes the peer sent (at most headSize)
 	closed    bool   // the connection ended before any byte
@@ -301,7 +315,18 @@ func (pr *probe) dialed(err error) {
 		pr.dialErr = err
 		return
 	}
-	pr.connected = true
+	pr.connected = time.Now()
+}
+
+// silence is how long the connection has been up without the peer sending
+// a byte; zero if it is not up or the peer sent something.
+func (pr *probe) silence() time.Duration {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.connected.IsZero() || len(pr.head) > 0 || pr.closed {
+		return 0
+	}
+	return time.Since(pr.connected)
 }
 
 func (pr *probe) observe(b []byte, err error) {

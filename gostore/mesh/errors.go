@@ -31,6 +31,8 @@ var (
 	// ErrProtocol is wrapped when a peer sent something the protocol does
 	// not allow, such as a control kind this process has no handler for.
 	ErrProtocol = errors.New("cluster protocol violation")
+	// ErrAborted is wrapped by Err after Abort.
+	ErrAborted = errors.New("this process aborted")
 	// ErrNotJoined is wrapped when peers did not connect within StartTimeout.
 	ErrNotJoined = errors.New("processes did not join in time")
 )

@@ -43,6 +43,8 @@ type Mesh struct {
 	wake      chan struct{} // Wait's wake-up token
 	changed   chan struct{} // a stream came up (Start's loop looks again)
 	flushing  chan struct{} // closed by Close: senders write what is queued and say goodbye
+	aborting  chan struct{} // closed on failure: every stream tells its peer abortMsg
+	abortMsg  string        // set before aborting closes
 	congested atomic.Int32  // peers whose queue exceeds MaxInFlight
 	sent      atomic.Int64
 	received  atomic.Int64
@@ -92,6 +94,7 @@ func newMesh(s *settings) *Mesh {
 		wake:     make(chan struct{}, 1),
 		changed:  make(chan struct{}, 1),
 		flushing: make(chan struct{}),
+		aborting: make(chan struct{}),
 		done:     make(chan struct{}),
 		finished: make(chan struct{}),
 	}
@@ -223,8 +226,14 @@ func (m *Mesh) notJoined() error {
 		if p.outUp && p.inUp {
 			continue
 		}
+		if p.attempt != nil && p.attempt.silence() > 100*time.Millisecond {
+			p.suspect = fmt.Sprintf("it accepted the connection but sent nothing within %s", formatDuration(p.attempt.silence().Round(100*time.Millisecond)))
+		}
 		if p.suspect != "" && !p.outUp {
 			return errorf(ErrForeignProtocol, nil, "process %d (%s) does not speak the millpond cluster protocol: %s", p.index, p.addr, p.suspect)
+		}
+		if p.unproven != "" && !p.inUp {
+			return errorf(ErrAuthentication, nil, "process %d (%s) did not join within %s: %s (every process must be started with the same MILLPOND_CLUSTER_SECRET)", p.index, p.addr, within, p.unproven)
 		}
 		names = append(names, fmt.Sprintf("%d (%s)", p.index, p.addr))
 		if p.lastErr != nil && !p.outUp && p.lastErrAt.After(lastAt) {
@@ -256,9 +265,23 @@ func (m *Mesh) signalChange() {
 }
 
 // fail stops the mesh with err, unless it is stopped or closing already:
-// the first failure is the one. Done closes at once; the goroutines end
-// in the background (finished closes when they have).
-func (m *Mesh) fail(err error) {
+// the first failure is the one. Done closes at once; the peers are told
+// why (an abort on every stream, so they stop naming the cause rather
+// than a broken connection), then everything stops in the background
+// (finished closes when it has).
+func (m *Mesh) fail(err error) { m.stop(err, err.Error(), slog.LevelError) }
+
+// Abort stops the mesh because this process failed for reason: queued
+// frames are dropped and every peer stops at once with a *PeerLostError
+// whose reason is "it stopped: " + reason. Err then wraps ErrAborted.
+// It returns when everything stopped; after a failure or Close it only
+// waits for that.
+func (m *Mesh) Abort(reason string) {
+	m.stop(errorf(ErrAborted, nil, "process %d aborted: %s", m.index, reason), reason, slog.LevelWarn)
+	<-m.finished
+}
+
+func (m *Mesh) stop(err error, reason string, level slog.Level) {
 	var was int32
 	for {
 		was = m.state.Load()
@@ -272,15 +295,46 @@ func (m *Mesh) fail(err error) {
 	m.errMu.Lock()
 	m.err = err
 	m.errMu.Unlock()
-	if was == stateRunning {
-		m.log.Error("cluster mesh failed", "error", err)
-	} else {
-		m.log.Debug("cluster mesh start failed", "error", err)
+	if was == stateStarting {
+		level = slog.LevelDebug // Start returns the error; the caller reports it
 	}
+	m.log.Log(context.Background(), level, "cluster mesh stopped", "error", err)
 	m.closeDone()
-	m.cancel()
 	m.in.stop()
-	go m.teardown(false)
+	m.abortMsg = reason
+	close(m.aborting)
+	go m.abortAndTeardown()
+}
+
+// abortGrace bounds how long a failing process waits for its aborts to be
+// written before it stops every connection.
+const abortGrace = time.Second
+
+// abortAndTeardown waits (at most abortGrace) until every served stream
+// sent its abort and every sender its own, then stops everything.
+func (m *Mesh) abortAndTeardown() {
+	var waits []chan struct{}
+	m.mu.Lock()
+	for _, p := range m.remote() {
+		if p.inServing != nil {
+			waits = append(waits, p.inServing)
+		}
+		if p.outUp {
+			waits = append(waits, p.sendDone)
+		}
+	}
+	m.mu.Unlock()
+	grace := time.NewTimer(abortGrace)
+	defer grace.Stop()
+	for _, ch := range waits {
+		select {
+		case <-ch:
+		case <-grace.C:
+			m.teardown(false)
+			return
+		}
+	}
+	m.teardown(true)
 }
 
 func (m *Mesh) closeDone() { m.doneOnce.Do(func() { close(m.done) }) }

@@ -120,13 +120,21 @@ func (o *outbox) pending() (frames int, bytes int64) {
 // sees the same end and decides whether the peer left or was lost.
 func (p *peer) sendLoop(ctx context.Context, stream grpc.ClientStream) {
 	defer p.m.wg.Done()
+	defer close(p.sendDone)
 	o := &p.out
+	abort := func() {
+		o.drop()
+		_ = stream.SendMsg(&msg{typ: msgAbort, body: []byte(p.m.abortMsg)})
+	}
 	for {
 		batch := o.take()
 		if len(batch) == 0 {
 			select {
 			case <-o.ready:
 				continue
+			case <-p.m.aborting:
+				abort()
+				return
 			case <-p.m.flushing:
 				if n, _ := o.pending(); n > 0 {
 					continue
@@ -140,6 +148,12 @@ func (p *peer) sendLoop(ctx context.Context, stream grpc.ClientStream) {
 			}
 		}
 		for i := range batch {
+			select {
+			case <-p.m.aborting:
+				abort()
+				return
+			default:
+			}
 			f := &batch[i]
 			if err := stream.SendMsg(&msg{typ: msgFrame, kind: f.kind, body: f.payload}); err != nil {
 				return

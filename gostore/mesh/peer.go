@@ -31,9 +31,12 @@ type peer struct {
 	lastErr   error            // of the latest failed dial attempt during Start
 	lastErrAt time.Time
 	suspect   string // the latest attempt reached something that said nothing
+	unproven  string // a connection as this peer failed authentication
+	attempt   *probe // the dial attempt under way
 
-	leave   chan struct{} // closed by Close: the inbound handler says goodbye and returns
-	outDone chan struct{} // closed when the outbound stream's reader returned
+	leave    chan struct{} // closed by Close: the inbound handler says goodbye and returns
+	outDone  chan struct{} // closed when the outbound stream's reader returned
+	sendDone chan struct{} // closed when the outbound stream's sender returned
 
 	lastHeard         atomic.Int64 // unix nanoseconds of the latest message from the peer
 	left              atomic.Bool  // the peer said goodbye
@@ -42,11 +45,12 @@ type peer struct {
 
 func newPeer(m *Mesh, index int) *peer {
 	p := &peer{
-		m:       m,
-		index:   index,
-		addr:    m.s.Addresses[index],
-		leave:   make(chan struct{}),
-		outDone: make(chan struct{}),
+		m:        m,
+		index:    index,
+		addr:     m.s.Addresses[index],
+		leave:    make(chan struct{}),
+		outDone:  make(chan struct{}),
+		sendDone: make(chan struct{}),
 	}
 	p.out = newOutbox(m, m.s.MaxInFlight)
 	return p
@@ -109,6 +113,9 @@ func (p *peer) readBack(stream grpc.ClientStream, cancel func()) {
 		case msgHeartbeat:
 		case msgGoodbye:
 			p.markLeft()
+		case msgAbort:
+			p.ended("it stopped: " + string(w.body))
+			return
 		default:
 			p.out.drop()
 			p.ended(fmt.Sprintf("it sent message type %d on the stream from this process", w.typ))

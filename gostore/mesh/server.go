@@ -55,10 +55,7 @@ func serviceDesc() *grpc.ServiceDesc {
 // heartbeats back, until the peer says goodbye, the stream breaks, this
 // process closes (goodbye back) or stops.
 func (m *Mesh) serveStream(ss grpc.ServerStream) error {
-	remote := "an unknown address"
-	if pr, ok := grpcpeer.FromContext(ss.Context()); ok {
-		remote = pr.Addr.String()
-	}
+	remote := remoteAddr(ss)
 	from, err := m.answerWithin(ss)
 	if err != nil {
 		var r *refusedError
@@ -98,6 +95,8 @@ func (m *Mesh) serveStream(ss grpc.ServerStream) error {
 		case err := <-received:
 			switch {
 			case err == nil:
+			case errors.As(err, new(abortedError)):
+				p.ended("it stopped: " + err.Error())
 			case errors.Is(err, io.EOF):
 				p.ended("it closed its stream to this process without saying goodbye")
 			case errors.Is(err, ErrProtocol):
@@ -113,11 +112,19 @@ func (m *Mesh) serveStream(ss grpc.ServerStream) error {
 		case <-p.leave:
 			_ = ss.SendMsg(&msg{typ: msgGoodbye})
 			return nil
+		case <-m.aborting:
+			_ = ss.SendMsg(&msg{typ: msgAbort, body: []byte(m.abortMsg)})
+			return nil
 		case <-m.ctx.Done():
 			return status.Error(codes.Unavailable, "the process is stopping")
 		}
 	}
 }
+
+// abortedError is the reason an aborting peer sent.
+type abortedError string
+
+func (e abortedError) Error() string { return string(e) }
 
 // protocolError marks a receive error that is the peer's fault.
 type protocolError struct{ err error }
@@ -146,6 +153,8 @@ func (m *Mesh) receive(p *peer, ss grpc.ServerStream) error {
 		case msgGoodbye:
 			p.markLeft()
 			return nil
+		case msgAbort:
+			return abortedError(w.body)
 		default:
 			return protocolError{fmt.Errorf("sent message type %d after the handshake", w.typ)}
 		}
@@ -237,22 +246,55 @@ func (m *Mesh) answer(ss grpc.ServerStream) (int, error) {
 		return -1, fmt.Errorf("sending its challenge: %w", err)
 	}
 	if err := ss.RecvMsg(&w); err != nil {
-		return -1, fmt.Errorf("waiting for its proof (it may have refused this process): %w", err)
+		return -1, fmt.Errorf("waiting for its proof: %w", err)
+	}
+	if w.typ == msgRefuse {
+		m.unproven(h, ss, "could not check this process's proof of the cluster secret")
+		return -1, fmt.Errorf("it could not check this process's MAC: %s", decodeRefusal(w.body).reason)
 	}
 	want := handshakeMAC(m.s.Secret, "client", helloBytes, body)
 	if w.typ != msgProof || !hmac.Equal(w.body, want) {
+		m.unproven(h, ss, "could not prove it knows the cluster secret")
 		return -1, refuse(refusedAuth, "the connecting process did not prove it knows the cluster secret: every process must be started with the same secret (MILLPOND_CLUSTER_SECRET)")
 	}
-	// Proven. The client checked this process's index, count and
-	// identity before its proof; check its claims the same way.
+	// Proven. Check its claims as the client checked this process's; a
+	// disagreement with a process of the cluster stops a Start here too.
+	var bad error
 	switch {
-	case h.to != m.index:
-		return -1, refuse(refusedIdentity, fmt.Sprintf("it is process %d, not %d: the processes were started with different address lists", m.index, h.to))
-	case h.from < 0 || h.from >= m.n || h.from == m.index:
-		return -1, refuse(refusedIdentity, fmt.Sprintf("process index %d is not another process of its cluster of %d", h.from, m.n))
+	case h.to != m.index || h.from < 0 || h.from >= m.n || h.from == m.index:
+		bad = errorf(ErrIdentityMismatch, nil, "the process at %s (process %d of %d by its own list) dialed this process as process %d, but this is process %d of %d: the processes were started with different address lists",
+			remoteAddr(ss), h.from, h.count, h.to, m.index, m.n)
+	default:
+		if d := disagreement(m.n, h.count, m.s.Identity, h.identity); d != "" {
+			bad = errorf(ErrIdentityMismatch, nil, "process %d (%s) disagrees on %s", h.from, m.s.Addresses[h.from], d)
+		}
 	}
-	if d := disagreement(h.count, m.n, h.identity, m.s.Identity); d != "" {
-		return -1, refuse(refusedIdentity, "the processes disagree on "+d)
+	if bad != nil {
+		if m.state.Load() == stateStarting {
+			m.fail(bad)
+		}
+		return -1, refuse(refusedIdentity, "it disagrees: "+bad.Error())
 	}
 	return h.from, nil
+}
+
+// remoteAddr is the network address a served stream comes from.
+func remoteAddr(ss grpc.ServerStream) string {
+	if pr, ok := grpcpeer.FromContext(ss.Context()); ok {
+		return pr.Addr.String()
+	}
+	return "an unknown address"
+}
+
+// unproven records, for StartTimeout's error, that a connection claiming
+// to come from a process of the cluster failed authentication. The claim
+// itself is unproven, so it fails nothing.
+func (m *Mesh) unproven(h hello, ss grpc.ServerStream, what string) {
+	if h.from < 0 || h.from >= m.n || h.from == m.index {
+		return
+	}
+	p := m.peers[h.from]
+	m.mu.Lock()
+	p.unproven = fmt.Sprintf("a process connected from %s as process %d but %s", remoteAddr(ss), h.from, what)
+	m.mu.Unlock()
 }
