@@ -39,6 +39,7 @@ const (
 	kindDamaged
 	kindUnauthenticated
 	kindInterrupted
+	kindCluster
 )
 
 var kindNames = [...]string{
@@ -58,6 +59,8 @@ var kindNames = [...]string{
 	kindUnauthenticated: "unauthenticated",
 	// A call cut short by SIGINT or SIGTERM (interrupt.go).
 	kindInterrupted: "interrupted",
+	// The cluster stopped (a peer lost, fenced out) or refused to start.
+	kindCluster: "cluster",
 }
 
 // mp_error_kinds returns the kind names from kind 1 on, NUL-terminated one
@@ -107,6 +110,8 @@ func kindOf(err error) errorKind {
 		return k.kind
 	case errors.Is(err, context.Canceled) && interrupts.interrupted():
 		return kindInterrupted
+	case clusterLost(err):
+		return kindCluster
 	case errors.Is(err, localstore.ErrDamaged):
 		return kindDamaged
 	case errors.Is(err, durable.ErrUnauthenticated):

@@ -144,9 +144,11 @@ static PyMethodDef methods[] = {
     // Recovery runs (run.go, run.c)
     {"run_open", py_run_open, METH_VARARGS,
      "run_open(local_dir, flow_id, worker_count, key_group_count, backup_handle, snapshot_mode, max_epochs_in_flight,\n"
-     "         retain_epochs, retain_seconds, compact_ratio, compact_min_bytes, key) -> handle\n\n"
+     "         retain_epochs, retain_seconds, compact_ratio, compact_min_bytes, key, cluster=0, first_worker=0,\n"
+     "         workers=0) -> handle\n\n"
      "Read the durable state and prepare the next execution (snapshot_mode: 'batch' or 'immediate'; key: the\n"
-     "backup key that authenticates records, b'' for none)."},
+     "backup key that authenticates records, b'' for none; cluster: a cluster handle when this process is one of\n"
+     "several, hosting workers first_worker .. first_worker+workers-1 of worker_count)."},
     {"run_info", py_run_info, METH_VARARGS,
      "run_info(handle) -> dict[str, int]\n\nexecution, resume_epoch, committed_epoch, commit_worker_count."},
     {"run_restore", py_run_restore, METH_VARARGS,
@@ -174,6 +176,30 @@ static PyMethodDef methods[] = {
     {"watch_interrupts", py_watch_interrupts, METH_VARARGS,
      "watch_interrupts(fd) -> None\n\nRead signal numbers from fd (a pipe given to signal.set_wakeup_fd) and cancel\n"
      "the core's calls in flight on SIGINT or SIGTERM; the core owns fd from now on."},
+    // Cluster membership (cluster.go, cluster.c)
+    {"cluster_open", py_cluster_open, METH_VARARGS,
+     "cluster_open(options_json, secret) -> handle\n\nJoin the cluster: options index, addresses, identity,\n"
+     "start_timeout_seconds, peer_timeout_seconds, max_in_flight_bytes, inbox_limit_bytes; returns once every\n"
+     "process is connected and agrees on identity (secret: b'' for none, loopback only)."},
+    {"cluster_send", py_cluster_send, METH_VARARGS,
+     "cluster_send(handle, process, data) -> None\n\nQueue an encoded exchange batch for a process; never blocks."},
+    {"cluster_drain", py_cluster_drain, METH_VARARGS,
+     "cluster_drain(handle) -> list[tuple[int, bytes]]\n\nEvery batch received so far, as (sender, data), in order per sender."},
+    {"cluster_wait", py_cluster_wait, METH_VARARGS,
+     "cluster_wait(handle, timeout_seconds) -> None\n\nBlock until a batch or a progress message arrives, or the timeout."},
+    {"cluster_congested", py_cluster_congested, METH_VARARGS,
+     "cluster_congested(handle) -> bool\n\nTrue while a peer's outbound queue is over its limit (stop reading sources)."},
+    {"cluster_report", py_cluster_report, METH_VARARGS,
+     "cluster_report(handle, epoch, phase, ready, done_json) -> list[int] | None\n\n"
+     "Report this process's view at a quiescent point; the inputs ended everywhere once the cluster decided."},
+    {"cluster_stats", py_cluster_stats, METH_VARARGS,
+     "cluster_stats(handle) -> dict\n\nPer-peer transport figures and epoch decision figures."},
+    {"cluster_error", py_cluster_error, METH_VARARGS,
+     "cluster_error(handle) -> str\n\nWhy the cluster stopped, '' while it is healthy."},
+    {"cluster_close", py_cluster_close, METH_VARARGS,
+     "cluster_close(handle) -> None\n\nLeave the cluster in good order and release the handle."},
+    {"cluster_abort", py_cluster_abort, METH_VARARGS,
+     "cluster_abort(handle, reason) -> None\n\nLeave the cluster because this process failed; the peers stop naming it."},
     {NULL, NULL, 0, NULL},
 };
 

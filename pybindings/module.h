@@ -53,7 +53,7 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
     if (kind) return mp_raise(kind, msg);
 
 // The module's functions, one per file of the Go side (store, scan, backup,
-// run, log); module.c lists them in its one method table.
+// run, cluster, log); module.c lists them in its one method table.
 #define MP_METHOD(name) PyObject *py_##name(PyObject *self, PyObject *args)
 MP_METHOD(store_open);
 MP_METHOD(store_close);
@@ -92,5 +92,15 @@ MP_METHOD(log_flush);
 MP_METHOD(log_stop);
 MP_METHOD(log_set_level);
 MP_METHOD(watch_interrupts);
+MP_METHOD(cluster_open);
+MP_METHOD(cluster_send);
+MP_METHOD(cluster_drain);
+MP_METHOD(cluster_wait);
+MP_METHOD(cluster_congested);
+MP_METHOD(cluster_report);
+MP_METHOD(cluster_stats);
+MP_METHOD(cluster_error);
+MP_METHOD(cluster_close);
+MP_METHOD(cluster_abort);
 
 #endif

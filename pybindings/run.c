@@ -13,12 +13,14 @@ MP_METHOD(run_open) {
     long long cmin;
     const char *key;
     Py_ssize_t key_len;
-    if (!PyArg_ParseTuple(args, "ssiiKsiiddLy#", &dir, &flow, &workers, &groups, &bh, &mode, &inflight, &retain,
-                          &retain_seconds, &ratio, &cmin, &key, &key_len))
+    unsigned long long cluster = 0;
+    int first = 0, hosted = 0;
+    if (!PyArg_ParseTuple(args, "ssiiKsiiddLy#|Kii", &dir, &flow, &workers, &groups, &bh, &mode, &inflight, &retain,
+                          &retain_seconds, &ratio, &cmin, &key, &key_len, &cluster, &first, &hosted))
         return NULL;
     uintptr_t h = 0;
     CALL_GO(mp_run_open((char *)dir, (char *)flow, workers, groups, bh, (char *)mode, inflight, retain, retain_seconds,
-                        ratio, cmin, (char *)key, (long long)key_len, &h, &kind, &msg));
+                        ratio, cmin, (char *)key, (long long)key_len, cluster, first, hosted, &h, &kind, &msg));
     return PyLong_FromUnsignedLongLong(h);
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/millpond/millpond/gostore/cluster"
 	"github.com/millpond/millpond/gostore/durable"
 )
 
@@ -28,10 +29,19 @@ func mp_snapshot_modes(n *C.int) *C.char {
 //export mp_run_open
 func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uintptr_t, mode *C.char,
 	maxInFlight, retain C.int, retainSeconds C.double, compactRatio C.double, compactMin C.longlong,
-	key *C.char, keyLen C.longlong, out *C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
+	key *C.char, keyLen C.longlong, clusterH C.uintptr_t, first, hosted C.int,
+	out *C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 	bh, err := lookup[*backupHandle](uintptr(backupH))
 	if err != nil {
 		return setErr(err, errKind, errMsg)
+	}
+	var peers durable.Cluster
+	if clusterH != 0 {
+		node, err := lookup[*cluster.Node](uintptr(clusterH))
+		if err != nil {
+			return setErr(err, errKind, errMsg)
+		}
+		peers = node.Durable()
 	}
 	m, err := durable.ParseSnapshotMode(C.GoString(mode))
 	if err != nil {
@@ -44,6 +54,7 @@ func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uin
 		RetainFor:    time.Duration(float64(retainSeconds) * float64(time.Second)),
 		CompactRatio: float64(compactRatio), CompactMinBytes: int64(compactMin),
 		Key: goKey(key, keyLen), Logger: bridge.logger(),
+		Cluster: peers, FirstWorker: int(first), Workers: int(hosted),
 	}
 	run, err := durable.Open(callCtx(), cfg)
 	if err != nil {

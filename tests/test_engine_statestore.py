@@ -61,7 +61,7 @@ def local_recovery(monkeypatch: pytest.MonkeyPatch) -> None:
     import millpond.engine.driver as driver
 
     monkeypatch.setattr(
-        driver, "open_run", lambda config, flow_id, n: LocalRun(Path(config), flow_id, n)
+        driver, "open_run", lambda config, flow_id, n, *cluster: LocalRun(Path(config), flow_id, n)
     )
 
 

@@ -205,11 +205,17 @@ def test_eof_of_one_input_reaches_its_steps_before_another_input_ends():
     assert len(count_epochs) == 2 and max(count_epochs) < max(long_epochs)
 
 
-def test_cluster_main_rejects_several_processes():
+@pytest.mark.timeout(30)
+def test_cluster_main_names_the_processes_that_never_joined(monkeypatch: pytest.MonkeyPatch):
+    from millpond.errors import ClusterError
+    from millpond.launch import free_ports
+
+    monkeypatch.setenv("MILLPOND_START_TIMEOUT", "1")
+    a, b = free_ports(2)
     flow = Dataflow("t")
     op.output("out", op.input("inp", flow, TestingSource([1])), TestingSink([]))
-    with pytest.raises(ValueError, match="multi-process clusters are not supported yet"):
-        cluster_main(flow, ["localhost:2101", "localhost:2102"], 0)
+    with pytest.raises(ClusterError, match=rf"process 1 \(127.0.0.1:{b}\) did not join within 1s"):
+        cluster_main(flow, [f"127.0.0.1:{a}", f"127.0.0.1:{b}"], 0)
 
 
 def test_cluster_main_rejects_zero_workers():

@@ -38,6 +38,7 @@ ERROR_TYPES: dict[str, type[BaseException]] = {
     "unauthenticated": errors.UnauthenticatedError,
     # A call into the core cut short by SIGINT or SIGTERM.
     "interrupted": KeyboardInterrupt,
+    "cluster": errors.ClusterError,
 }
 
 #: The logger the Go core's records arrive at.

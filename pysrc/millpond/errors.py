@@ -20,6 +20,7 @@ __all__ = [
     "UnauthenticatedError",
     "LocalStoreDamagedError",
     "AbortExecution",
+    "ClusterError",
     "keyed_item_error",
 ]
 
@@ -72,6 +73,14 @@ class UnauthenticatedError(CorruptObjectError):
     """A recovery record is not sealed by the configured backup key (forged,
     or written without it), or is sealed with a key and none is configured
     (see :mod:`millpond.backupkey`)."""
+
+
+class ClusterError(RuntimeError):
+    """The cluster of processes running a flow could not start or stopped: a
+    peer was lost or refused, the processes disagree on the flow, a process
+    of an older execution was fenced out. The message names the process
+    (``process 2 (10.0.0.7:2101) lost: ...``); run the whole cluster again
+    and it resumes from the last committed epoch."""
 
 
 class AbortExecution(RuntimeError):

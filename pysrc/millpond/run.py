@@ -18,6 +18,8 @@ flag                                    environment variable             meaning
                                                                          on one thread and split the keys
 ``-i/--process-id I``                   ``MILLPOND_PROCESS_ID``           this process's index in ``--addresses``
 ``-a/--addresses "h:p;h:p"``            ``MILLPOND_ADDRESSES``            every process of the cluster
+``-p/--processes N``                    ``MILLPOND_PROCESSES``            start N local processes as one cluster
+                                                                         (127.0.0.1, free ports)
 ``-s/--epoch-interval SECONDS``         ``MILLPOND_EPOCH_INTERVAL``       epoch length (float, default 10)
 ``-d/--local-state-dir DIR``            ``MILLPOND_LOCAL_STATE_DIR``      turns recovery on; the local store
 ``-b/--backup URI|module:factory()``    ``MILLPOND_BACKUP``               the durable store
@@ -231,6 +233,7 @@ _ENV: List[Tuple[str, str, Callable[[str], Any]]] = [
     ("workers_per_process", "MILLPOND_WORKERS_PER_PROCESS", _positive_int),
     ("process_id", "MILLPOND_PROCESS_ID", _non_negative_int),
     ("addresses", "MILLPOND_ADDRESSES", _addresses),
+    ("processes", "MILLPOND_PROCESSES", _positive_int),
     ("epoch_interval", "MILLPOND_EPOCH_INTERVAL", _seconds),
     ("local_state_dir", "MILLPOND_LOCAL_STATE_DIR", _nonempty),
     ("backup", "MILLPOND_BACKUP", _nonempty),
@@ -243,6 +246,7 @@ _FLAGS: Dict[str, str] = {
     "workers_per_process": "-w/--workers-per-process",
     "process_id": "-i/--process-id",
     "addresses": "-a/--addresses",
+    "processes": "-p/--processes",
     "epoch_interval": "-s/--epoch-interval",
     "local_state_dir": "-d/--local-state-dir",
     "backup": "-b/--backup",
@@ -336,7 +340,13 @@ def _build_parser() -> _Parser:
     )
     p.add_argument(
         "-a", "--addresses", type=_addresses, default=None, metavar="HOST:PORT;...",
-        help="addresses of every process of the cluster, in process-id order [env: MILLPOND_ADDRESSES]",
+        help="addresses of every process of the cluster, in process-id order; they authenticate each "
+        "other with MILLPOND_CLUSTER_SECRET (required unless every address is loopback) [env: MILLPOND_ADDRESSES]",
+    )
+    p.add_argument(
+        "-p", "--processes", type=_positive_int, default=None, metavar="N",
+        help="start N processes of one cluster on this machine (127.0.0.1, free ports), each with "
+        "-w workers; not with -i/-a [env: MILLPOND_PROCESSES]",
     )
     p.add_argument(
         "-s", "--epoch-interval", type=_seconds, default=None, metavar="SECONDS",
@@ -499,6 +509,8 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
 
     if (args.process_id is None) != (args.addresses is None):
         return _fail("-i/--process-id and -a/--addresses go together: give both for a cluster, neither for one process")
+    if args.processes is not None and args.addresses is not None:
+        return _fail(f"{named('processes')} starts its own local cluster: leave out -i/--process-id and -a/--addresses")
     if args.addresses is not None and args.process_id >= len(args.addresses):
         return _fail(
             f"-i/--process-id {args.process_id} is out of range for {len(args.addresses)} "
@@ -552,7 +564,12 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
         except (ValueError, TypeError) as ex:
             return _fail(f"recovery settings: {ex}")
 
-    from millpond.errors import DataflowError, RecoveryError, StateStoreError
+    if args.processes is not None and args.processes > 1:
+        from millpond.launch import launch_local
+
+        return launch_local(_without_processes(list(argv if argv is not None else sys.argv[1:])), args.processes)
+
+    from millpond.errors import ClusterError, DataflowError, RecoveryError, StateStoreError
 
     # SIGTERM (a service manager stopping the flow) ends the run as Ctrl-C
     # does: epochs in flight are abandoned, the stores closed cleanly.
@@ -589,6 +606,10 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
                 lines.append(f"  caused by {summarize(cause)}")
         sys.stderr.write("\n".join(lines) + "\n")
         return 1
+    except ClusterError as ex:
+        # One line naming the process that was lost or refused.
+        logger.debug("the cluster failed", exc_info=True)
+        return _fail(str(ex), 1)
     except (RecoveryError, StateStoreError) as ex:
         logger.debug("recovery failed", exc_info=True)
         return _fail(f"{type(ex).__name__}: {ex}", 1)
@@ -598,6 +619,23 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
         logger.debug("the flow was not started", exc_info=True)
         return _fail(f"the flow was not started: {ex}")
     return 0
+
+
+def _without_processes(argv: List[str]) -> List[str]:
+    """``argv`` without its -p/--processes option (each child gets -i/-a)."""
+    out: List[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in ("-p", "--processes"):
+            skip = True
+            continue
+        if arg.startswith("--processes=") or (arg.startswith("-p") and arg[2:].isdigit()):
+            continue
+        out.append(arg)
+    return out
 
 
 def _recovery_config(local_state_dir: str, backup: Any, snapshot_mode: Optional[str]) -> Any:

@@ -173,9 +173,9 @@ def install(monkeypatch: Any) -> None:
 
     real = driver.open_run
 
-    def open_run(config: Any, flow_id: str, worker_count: int) -> Any:
+    def open_run(config: Any, flow_id: str, worker_count: int, *cluster: Any) -> Any:
         if isinstance(config, FakeDurable):
             return FakeRun(config, worker_count)
-        return real(config, flow_id, worker_count)
+        return real(config, flow_id, worker_count, *cluster)
 
     monkeypatch.setattr(driver, "open_run", open_run)

@@ -1,7 +1,9 @@
 """The epoch loop of one process: cooperative workers in one thread.
 
 All workers of the process are stepped round-robin by the calling thread,
-which keeps execution deterministic and simple. Epochs run in lockstep: every
+which keeps execution deterministic and simple; more cores come from more
+processes (a cluster, :mod:`millpond.engine.cluster`), each running this
+same loop in lockstep with the others. Epochs run in lockstep: every
 source partition emits into the current epoch until it closes (the interval
 elapsed, every batch with a zero interval, or all inputs ended); then
 the exchange is drained, steps whose inputs all ended get their EOF in
@@ -21,9 +23,11 @@ from millpond.engine.clock import Clock, SystemClock
 from millpond.engine.exchange import Exchange, LocalExchange
 from millpond.engine.hooks import Run, open_run
 from millpond.engine.plan import Plan, compile_plan
+from millpond.engine.cluster import ClusterExchange, ClusterNode, ClusterProgress, ClusterSettings, flow_identity
 from millpond.engine.progress import EpochProgress, LocalProgress, SingleProcessProgress
 from millpond.engine.worker import Worker
 from millpond.errors import AbortExecution
+from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
 
 if TYPE_CHECKING:  # pragma: no cover
     from millpond.recovery import RecoveryConfig
@@ -61,40 +65,79 @@ def execute(
     recovery_config: Optional["RecoveryConfig"] = None,
     clock: Optional[Clock] = None,
     progress: Optional[EpochProgress] = None,
+    cluster: Optional[ClusterSettings] = None,
 ) -> None:
-    """Run ``flow`` to the end of its input with ``worker_count`` workers.
+    """Run ``flow`` to the end of its input with ``worker_count`` workers
+    in this process (and as many in every other process of ``cluster``).
 
     Returns normally at EOF and after ``TestingSource.ABORT()``; raises
-    ``DataflowError`` for an exception in user code and lets
-    ``KeyboardInterrupt`` through. Committed epochs are intact in every case.
+    ``DataflowError`` for an exception in user code, ``ClusterError`` when
+    the cluster failed, and lets ``KeyboardInterrupt`` through. Committed
+    epochs are intact in every case.
     """
     plan = compile_plan(flow)
     interval = _check_interval(epoch_interval)
     if not isinstance(worker_count, int) or worker_count < 1:
         raise ValueError(f"worker count must be a positive int; got {worker_count!r}")
     clock = clock or SystemClock()
-    progress = progress or SingleProcessProgress()
-    run = open_run(recovery_config, plan.flow_id, worker_count)
+    node: Optional[ClusterNode] = None
+    if cluster is not None and cluster.count > 1:
+        kgc = recovery_config.key_group_count if recovery_config is not None else DEFAULT_KEY_GROUP_COUNT
+        identity = flow_identity(
+            plan, worker_count, kgc, "on" if recovery_config is not None else "off", interval
+        )
+        node = ClusterNode(cluster, identity)
+    try:
+        _execute(plan, worker_count, interval, recovery_config, clock, progress, node)
+    except BaseException as ex:
+        if node is not None:
+            node.abort(f"{type(ex).__name__}: {ex}"[:300])
+        raise
+    else:
+        if node is not None:
+            node.close()
+
+
+def _execute(
+    plan: Plan,
+    workers_here: int,
+    interval: timedelta,
+    recovery_config: Optional["RecoveryConfig"],
+    clock: Clock,
+    progress: Optional[EpochProgress],
+    node: Optional[ClusterNode],
+) -> None:
+    first = node.index * workers_here if node is not None else 0
+    total = workers_here * (node.count if node is not None else 1)
+    hosted = range(first, first + workers_here)
+    exchange: Exchange
+    if node is not None:
+        exchange = ClusterExchange(node, first, workers_here)
+        progress = progress or ClusterProgress(node)
+    else:
+        exchange = LocalExchange(workers_here)
+        progress = progress or SingleProcessProgress()
+    run = open_run(recovery_config, plan.flow_id, total, hosted, node)
     workers: List[Worker] = []
     aborted = True
     try:
-        exchange = LocalExchange(worker_count)
         kgc = run.key_group_count
         started = time.monotonic()
-        for w in range(worker_count):
-            workers.append(
-                Worker(w, worker_count, plan, run, exchange, kgc, clock, run.resume_epoch)
-            )
+        for w in hosted:
+            workers.append(Worker(w, total, plan, run, exchange, kgc, clock, run.resume_epoch))
+        where = f" (workers {first}-{first + workers_here - 1} of {total})" if node is not None else ""
         logger.info(
-            "flow %r: execution %d starts at epoch %d with %d worker(s) (setup %.3fs)",
+            "flow %r: execution %d starts at epoch %d with %d worker(s)%s (setup %.3fs)",
             plan.flow_id,
             run.execution,
             run.resume_epoch,
-            worker_count,
+            workers_here,
+            where,
             time.monotonic() - started,
         )
+        loop = _EpochLoop(plan, workers, exchange, progress, clock, interval, node)
         try:
-            last = _epoch_loop(plan, workers, exchange, progress, clock, interval, run)
+            last = loop.run(run.resume_epoch)
         except AbortExecution:
             logger.info("flow %r: execution %d aborted by its source", plan.flow_id, run.execution)
         else:
@@ -102,6 +145,8 @@ def execute(
             aborted = False
             for worker in workers:
                 worker.close()
+        finally:
+            loop.log_summary()
     finally:
         try:
             run.finish(aborted)
@@ -123,82 +168,160 @@ def _drain(workers: List[Worker], exchange: Exchange, now: datetime) -> None:
         for worker in workers:
             if worker.pump(now, False):
                 did = True
+        exchange.flush()
         if not did and not exchange.pending():
             return
 
 
-def _epoch_loop(
-    plan: Plan,
-    workers: List[Worker],
-    exchange: Exchange,
-    progress: EpochProgress,
-    clock: Clock,
-    interval: timedelta,
-    run: Run,
-) -> int:
-    all_inputs = frozenset(plan.input_indexes)
-    seconds = interval.total_seconds()
-    done_inputs: FrozenSet[int] = frozenset()
-    ended_steps: set[int] = set()
-    epoch = run.resume_epoch
-    while True:
-        for worker in workers:
-            worker.epoch = epoch
-        deadline = clock.monotonic() + seconds
+class _EpochLoop:
+    """The epochs of one process, in lockstep with the rest of its cluster.
+
+    Within an epoch, sources are polled and batches processed until the
+    process is ready to close it (the interval elapsed, a batch was
+    emitted with a zero interval, or its inputs ended). From then on it is
+    passive: no more polling, no timers, only batches it receives are
+    processed, until the cluster decides that every process is ready and
+    nothing is in flight (phase 0). Steps whose inputs ended everywhere
+    then get their end of input, each followed by one more such decision
+    (phases 1, 2, ...), so what their ``on_eof`` sent arrives before any
+    process snapshots. With one process the decisions are immediate.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        workers: List[Worker],
+        exchange: Exchange,
+        progress: EpochProgress,
+        clock: Clock,
+        interval: timedelta,
+        node: Optional[ClusterNode],
+    ) -> None:
+        self.plan = plan
+        self.workers = workers
+        self.exchange = exchange
+        self.progress = progress
+        self.clock = clock
+        self.seconds = interval.total_seconds()
+        self.node = node
+        # Waiting on the cluster wakes at once when a batch or a decision
+        # arrives; that needs the real clock the core's waits run on.
+        self._wait = node.wait if node is not None and isinstance(clock, SystemClock) else clock.sleep
+        self.settle_seconds = 0.0
+        self.epochs = 0
+
+    def _local_done(self) -> FrozenSet[int]:
+        done = [w.inputs_done() for w in self.workers]
+        return frozenset.intersection(*done) if done else frozenset()
+
+    def run(self, epoch: int) -> int:
+        plan, workers, exchange, clock = self.plan, self.workers, self.exchange, self.clock
+        all_inputs = frozenset(plan.input_indexes)
+        done_inputs: FrozenSet[int] = frozenset()
+        ended_steps: set[int] = set()
         while True:
-            now = clock.now()
-            emitted = False
             for worker in workers:
-                if worker.poll_inputs(now):
-                    emitted = True
+                worker.epoch = epoch
+            exchange.begin_epoch(epoch)
+            deadline = clock.monotonic() + self.seconds
+            ready = False
+            while True:
+                now = clock.now()
+                emitted = False
+                if not ready and not exchange.congested():
+                    for worker in workers:
+                        if worker.poll_inputs(now):
+                            emitted = True
+                for worker in workers:
+                    worker.pump(now, not ready)
+                _drain(workers, exchange, now)
+                local_done = self._local_done()
+                if not ready:
+                    ready = (
+                        local_done == all_inputs
+                        or (self.seconds == 0 and emitted)
+                        or clock.monotonic() >= deadline
+                    )
+                sent, received = exchange.counts()
+                decision = self.progress.report(LocalProgress(epoch, ready, sent, received, local_done))
+                if decision is not None and decision.close:
+                    break
+                if ready:
+                    self._wait(0.05)
+                elif not emitted:
+                    self._idle(deadline)
+            newly = decision.done_inputs - done_inputs
+            phase = 0
+            if newly:
+                done_inputs = done_inputs | newly
+                for step in plan.steps:
+                    if (
+                        step.kind == "stateful_batch"
+                        and step.index not in ended_steps
+                        and step.input_ancestors <= done_inputs
+                    ):
+                        ended_steps.add(step.index)
+                        now = clock.now()
+                        for worker in workers:
+                            worker.upstream_eof(step.index, now)
+                        _drain(workers, exchange, now)
+                        phase += 1
+                        self._settle(epoch, phase)
+            last = done_inputs == all_inputs
             for worker in workers:
-                worker.pump(now, True)
-            _drain(workers, exchange, now)
-            local_done = frozenset().union(*(w.inputs_done() for w in workers))
-            local_done = frozenset(
-                i for i in local_done if all(i in w.inputs_done() for w in workers)
+                worker.snapshot_epoch(epoch)
+            for worker in workers:
+                worker.close_epoch(epoch, last)
+            self.epochs += 1
+            logger.debug("flow %r: closed epoch %d", plan.flow_id, epoch)
+            if last:
+                return epoch
+            epoch += 1
+
+    def _settle(self, epoch: int, phase: int) -> None:
+        """Process received batches until the cluster decides that nothing
+        of ``epoch`` is in flight any more."""
+        started = time.monotonic()
+        while True:
+            now = self.clock.now()
+            _drain(self.workers, self.exchange, now)
+            sent, received = self.exchange.counts()
+            decision = self.progress.report(
+                LocalProgress(epoch, True, sent, received, self._local_done(), phase)
             )
-            ready = (
-                local_done == all_inputs
-                or (seconds == 0 and emitted)
-                or clock.monotonic() >= deadline
-            )
-            sent, received = exchange.counts()
-            decision = progress.report(LocalProgress(epoch, ready, sent, received, local_done))
             if decision is not None and decision.close:
                 break
-            if not emitted:
-                _idle(workers, clock, deadline)
-        newly = decision.done_inputs - done_inputs
-        if newly:
-            done_inputs = done_inputs | newly
-            for step in plan.steps:
-                if (
-                    step.kind == "stateful_batch"
-                    and step.index not in ended_steps
-                    and step.input_ancestors <= done_inputs
-                ):
-                    ended_steps.add(step.index)
-                    now = clock.now()
-                    for worker in workers:
-                        worker.upstream_eof(step.index, now)
-                    _drain(workers, exchange, now)
-        last = done_inputs == all_inputs
-        for worker in workers:
-            worker.snapshot_epoch(epoch)
-        for worker in workers:
-            worker.close_epoch(epoch, last)
-        logger.debug("flow %r: closed epoch %d", plan.flow_id, epoch)
-        if last:
-            return epoch
-        epoch += 1
+            self._wait(0.05)
+        self.settle_seconds += time.monotonic() - started
 
+    def _idle(self, deadline: float) -> None:
+        """Sleep until a partition or timer wants to run, or the epoch ends."""
+        wait = deadline - self.clock.monotonic()
+        wakes = [t for t in (w.next_wake() for w in self.workers) if t is not None]
+        if wakes:
+            until = (min(wakes) - self.clock.now()).total_seconds()
+            wait = min(wait, until)
+        self._wait(max(wait, _IDLE_POLL_SECONDS))
 
-def _idle(workers: List[Worker], clock: Clock, deadline: float) -> None:
-    """Sleep until a partition or timer wants to run, or the epoch ends."""
-    wait = deadline - clock.monotonic()
-    wakes = [t for t in (w.next_wake() for w in workers) if t is not None]
-    if wakes:
-        until = (min(wakes) - clock.now()).total_seconds()
-        wait = min(wait, until)
-    clock.sleep(max(wait, _IDLE_POLL_SECONDS))
+    def log_summary(self) -> None:
+        """Log what crossed processes (cluster runs only)."""
+        if self.node is None:
+            return
+        stats = self.node.stats()
+        for peer in stats.get("peers") or []:
+            logger.info(
+                "process %d -> process %d (%s): %d batches / %d bytes out, %d batches / %d bytes in, "
+                "%.3f s blocked on back-pressure",
+                self.node.index, peer.get("peer", -1), peer.get("address", "?"),
+                peer.get("frames_out", 0), peer.get("bytes_out", 0), peer.get("frames_in", 0),
+                peer.get("bytes_in", 0), peer.get("blocked_seconds", 0.0),
+            )
+        prog = stats.get("progress") or {}
+        if prog.get("leader"):
+            logger.info(
+                "process %d: %d epoch decisions in %d waves; epoch close across the cluster p50 %.3f s p99 %.3f s, "
+                "settling (all ready -> decided) p50 %.4f s p99 %.4f s",
+                self.node.index, prog.get("decisions", 0), prog.get("waves", 0),
+                prog.get("close_p50_seconds", 0.0), prog.get("close_p99_seconds", 0.0),
+                prog.get("settle_p50_seconds", 0.0), prog.get("settle_p99_seconds", 0.0),
+            )

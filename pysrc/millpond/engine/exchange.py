@@ -4,9 +4,8 @@ Steps that must see all items of a key on one worker (``stateful_batch``,
 fixed-partition sinks) and ``redistribute`` hand items to an
 :class:`Exchange` addressed to a worker index. The engine drains each
 worker's inbox between activations. :class:`LocalExchange` connects workers
-of one process; an implementation carrying messages across processes only
-has to implement the same four methods (and count what it sent and received
-so the progress tracker can tell when nothing is in flight).
+of one process; :class:`~millpond.engine.cluster.ClusterExchange` carries
+messages across processes behind the same methods.
 """
 
 from __future__ import annotations
@@ -43,6 +42,15 @@ class Exchange(Protocol):
     def counts(self) -> Tuple[int, int]:
         """``(sent, received)`` message totals, for termination detection."""
 
+    def flush(self) -> None:
+        """Hand what was sent since the last flush on (to other processes)."""
+
+    def begin_epoch(self, epoch: int) -> None:
+        """The process moved to ``epoch``: messages held for it may go."""
+
+    def congested(self) -> bool:
+        """True while sources should wait for sent batches to drain."""
+
 
 class LocalExchange:
     """In-process exchange between ``worker_count`` cooperative workers."""
@@ -70,3 +78,12 @@ class LocalExchange:
 
     def counts(self) -> Tuple[int, int]:
         return (self._sent, self._received)
+
+    def flush(self) -> None:
+        pass
+
+    def begin_epoch(self, epoch: int) -> None:
+        pass
+
+    def congested(self) -> bool:
+        return False

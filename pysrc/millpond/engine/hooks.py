@@ -7,12 +7,13 @@ With a recovery config the engine gets a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Protocol
+from typing import TYPE_CHECKING, Dict, Optional, Protocol, Sequence
 
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
 from millpond.state import MemoryStateStore, WorkerStore
 
 if TYPE_CHECKING:  # pragma: no cover
+    from millpond.engine.cluster import ClusterNode
     from millpond.recovery import RecoveryConfig
 
 __all__ = ["Run", "EphemeralRun", "open_run"]
@@ -60,9 +61,9 @@ class EphemeralRun:
     resume_epoch = 1
     execution = 0
 
-    def __init__(self, worker_count: int, key_group_count: int) -> None:
+    def __init__(self, hosted: Sequence[int], key_group_count: int) -> None:
         self.key_group_count = key_group_count
-        self._stores: List[MemoryStateStore] = [MemoryStateStore() for _ in range(worker_count)]
+        self._stores: Dict[int, MemoryStateStore] = {w: MemoryStateStore() for w in hosted}
 
     def worker_store(self, worker_index: int) -> WorkerStore:
         return self._stores[worker_index]
@@ -80,15 +81,26 @@ class EphemeralRun:
         pass
 
     def close(self) -> None:
-        for store in self._stores:
+        for store in self._stores.values():
             store.close()
 
 
-def open_run(recovery_config: Optional["RecoveryConfig"], flow_id: str, worker_count: int) -> Run:
-    """The run for this execution: recovering if a config is given."""
+def open_run(
+    recovery_config: Optional["RecoveryConfig"],
+    flow_id: str,
+    worker_count: int,
+    hosted: Optional[Sequence[int]] = None,
+    node: Optional["ClusterNode"] = None,
+) -> Run:
+    """The run for this execution: recovering if a config is given.
+
+    ``worker_count`` is the flow's workers in all; this process hosts
+    ``hosted`` of them (all by default), and ``node`` connects it to the
+    other processes of its cluster."""
+    hosted = range(worker_count) if hosted is None else hosted
     if recovery_config is None:
-        return EphemeralRun(worker_count, DEFAULT_KEY_GROUP_COUNT)
+        return EphemeralRun(hosted, DEFAULT_KEY_GROUP_COUNT)
     # Imported here: recovery needs the Go extension, a flow without it not.
     from millpond.engine.recovery_run import open_recovery_run
 
-    return open_recovery_run(recovery_config, flow_id, worker_count)
+    return open_recovery_run(recovery_config, flow_id, worker_count, hosted, node)

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from millpond.dataflow import Dataflow
+from millpond.engine.cluster import ClusterSettings
 from millpond.engine.driver import execute
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,29 +54,37 @@ def cluster_main(
     recovery_config: Optional["RecoveryConfig"] = None,
     worker_count_per_proc: int = 1,
 ) -> None:
-    """Run ``flow`` with ``worker_count_per_proc`` workers in this process.
+    """Run ``flow`` as process ``proc_id`` of a cluster, with
+    ``worker_count_per_proc`` workers here.
 
-    The workers take turns in the calling thread (one core), each owning
-    its share of the keys. ``addresses=[]`` (or a single address with
-    ``proc_id=0``) means a one-process cluster; several processes are not
-    supported yet (``ValueError``). Keyed items go to the worker that owns
-    their key, so results are the same for any worker count.
+    Every process of the cluster calls this with the same flow, the same
+    ``addresses`` (``"host:port"`` of every process, in process-id order)
+    and its own ``proc_id``; process ``i`` hosts workers
+    ``i*w .. i*w+w-1``. Keyed items go to the worker that owns their key,
+    whichever process it is in, so results are the same for any worker
+    and process count. ``addresses=[]`` (or one address) runs one process.
+    Processes authenticate each other with ``MILLPOND_CLUSTER_SECRET`` (or
+    the file ``MILLPOND_CLUSTER_SECRET_FILE`` names), required unless
+    every address is loopback; ``MILLPOND_START_TIMEOUT`` and
+    ``MILLPOND_PEER_TIMEOUT`` (seconds) bound the start and the detection
+    of a lost process. Raises ``ClusterError`` when the cluster cannot
+    start or a process is lost; run the whole cluster again to resume.
     """
     addrs = list(addresses or [])
-    if len(addrs) > 1:
-        raise ValueError(
-            f"multi-process clusters are not supported yet ({len(addrs)} addresses given); "
-            "run one process with more workers instead (-w N on the command line, worker_count_per_proc=N here)"
-        )
-    if proc_id != 0:
-        raise ValueError(f"proc_id must be 0 for a one-process cluster; got {proc_id!r}")
     if not isinstance(worker_count_per_proc, int) or worker_count_per_proc < 1:
         raise ValueError(
             f"worker_count_per_proc must be a positive int; got {worker_count_per_proc!r}"
         )
+    if len(addrs) <= 1:
+        if proc_id != 0:
+            raise ValueError(f"proc_id must be 0 for a one-process cluster; got {proc_id!r}")
+        settings = None
+    else:
+        settings = ClusterSettings.from_env(addrs, proc_id)
     execute(
         flow,
         worker_count=worker_count_per_proc,
         epoch_interval=epoch_interval,
         recovery_config=recovery_config,
+        cluster=settings,
     )

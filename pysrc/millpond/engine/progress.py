@@ -34,6 +34,9 @@ class LocalProgress:
     received: int
     #: Input step indexes whose partitions on this process have all ended.
     done_inputs: FrozenSet[int]
+    #: 0 decides the close of the epoch; 1, 2, ... settle the batches sent
+    #: by the end-of-input work of each stateful step that ended in it.
+    phase: int = 0
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from millpond import _core
 from millpond._corebridge import sync_log_level
@@ -24,6 +24,9 @@ from millpond.engine.restore_progress import RestoreProgress
 from millpond.errors import RecoveryError, StateStoreError
 from millpond.recovery import RecoveryConfig, SnapshotMode
 from millpond.state import StateStore
+
+if TYPE_CHECKING:  # pragma: no cover
+    from millpond.engine.cluster import ClusterNode
 
 __all__ = ["RecoveryRun", "open_recovery_run", "WHOLE_FROM"]
 
@@ -45,18 +48,27 @@ class RecoveryRun:
     :func:`open_recovery_run`.
     """
 
-    def __init__(self, config: RecoveryConfig, flow_id: str, worker_count: int) -> None:
+    def __init__(
+        self,
+        config: RecoveryConfig,
+        flow_id: str,
+        worker_count: int,
+        hosted: Optional[Sequence[int]] = None,
+        node: Optional["ClusterNode"] = None,
+    ) -> None:
         self.config = config
         self.flow_id = flow_id
         self.worker_count = worker_count
+        self.hosted = list(range(worker_count) if hosted is None else hosted)
         self.key_group_count = config.key_group_count
         self._immediate = config.snapshot_mode is SnapshotMode.IMMEDIATE
         self._backup = config.open_backup()
         self._backup_handle, self._owns_backup = core_handle_for(self._backup)
         self._handle: Optional[int] = None
-        self._stores: list[StateStore] = []
+        self._stores: dict[int, StateStore] = {}
+        self._cluster = node is not None
         # The epoch each worker last snapshotted (snapshot_epoch).
-        self._snapshotted = [0] * worker_count
+        self._snapshotted = {w: 0 for w in self.hosted}
         self.restores: list[dict[str, Any]] = []
         # Ctrl-C must stop a call that waits on a backend that never
         # answers, as it stops the flow anywhere else.
@@ -71,13 +83,15 @@ class RecoveryRun:
                 config.retain_epochs, config.retain_for.total_seconds() if config.retain_for else 0.0,
                 float(config.compact_ratio), config.compact_min_bytes,
                 config.backup_key if isinstance(config.backup_key, bytes) else b"",
+                (node.handle or 0) if node is not None else 0, self.hosted[0] if self.hosted else 0,
+                len(self.hosted) if node is not None else 0,
             )
             info = _core.run_info(self._handle)
             self.execution: int = info["execution"]
             self.resume_epoch: int = info["resume_epoch"]
             self.committed_epoch: int = info["committed_epoch"]
-            for w in range(worker_count):
-                self._stores.append(self._restore(w))
+            for w in self.hosted:
+                self._stores[w] = self._restore(w)
             _core.run_start(self._handle)
         except BaseException:
             self._release()
@@ -94,7 +108,7 @@ class RecoveryRun:
                         "(keys and older versions not yet collected)")
         logger.info(
             "resume flow %r: %s resume, execution %d, resume epoch %d, %s on %d worker(s) in %.3f s",
-            flow_id, "+".join(kinds), self.execution, self.resume_epoch, restored, worker_count, self.resume_seconds,
+            flow_id, "+".join(kinds), self.execution, self.resume_epoch, restored, len(self.hosted), self.resume_seconds,
         )
 
     def _restore(self, w: int) -> StateStore:
@@ -125,7 +139,10 @@ class RecoveryRun:
             store_handle, self.flow_id, w, self.worker_count, self.key_group_count, self.resume_epoch,
             self.config.local_state_dir / self.flow_id / f"worker-{w:04d}" / "store.sqlite",
         )
-        if not self._immediate:
+        if not self._immediate and not self._cluster:
+            # A whole-state epoch is promoted to compacted state only in a
+            # one-process run (across processes it is written as a plain
+            # epoch, and snapshotting every key would only cost time).
             store.whole_from = WHOLE_FROM
         return store
 
@@ -214,9 +231,9 @@ class RecoveryRun:
         return self._handle
 
     def _release(self) -> None:
-        for s in self._stores:
+        for s in self._stores.values():
             s.close()
-        self._stores = []
+        self._stores = {}
         handle, self._handle = self._handle, None
         if handle is not None:
             try:
@@ -238,9 +255,17 @@ class RecoveryRun:
         self.close()
 
 
-def open_recovery_run(config: RecoveryConfig, flow_id: str, worker_count: int) -> RecoveryRun:
+def open_recovery_run(
+    config: RecoveryConfig,
+    flow_id: str,
+    worker_count: int,
+    hosted: Optional[Sequence[int]] = None,
+    node: Optional["ClusterNode"] = None,
+) -> RecoveryRun:
     """Start an execution of ``flow_id`` with recovery: resume point, new
-    execution record, restored worker stores."""
+    execution record, restored worker stores. In a cluster (``node``),
+    this process hosts ``hosted`` of the ``worker_count`` workers, and the
+    processes agree on the execution and resume epoch before it returns."""
     if not isinstance(config, RecoveryConfig):
         raise TypeError(f"recovery_config must be a RecoveryConfig, got {type(config).__name__}")
-    return RecoveryRun(config, flow_id, worker_count)
+    return RecoveryRun(config, flow_id, worker_count, hosted, node)

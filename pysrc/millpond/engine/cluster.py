@@ -1,0 +1,399 @@
+"""This process as one of a cluster running the same flow.
+
+Every process of a cluster runs the same flow file with the same addresses
+(``-a "h0:p;h1:p;..."``) and its own index (``-i``); process ``i`` of ``n``
+hosts workers ``i*w .. i*w+w-1`` of ``n*w``. The Go core carries what
+crosses processes (:mod:`gostore/mesh`): exchange batches, pickled once per
+destination process and drained between activations, and the control
+messages of the epoch decisions and of the commit protocol, all off the
+GIL. Here are the Python halves: :class:`ClusterSettings` (what a user
+configures), :class:`ClusterNode` (the core's handle),
+:class:`ClusterExchange` (an :class:`~millpond.engine.exchange.Exchange`
+across processes) and :class:`ClusterProgress` (an
+:class:`~millpond.engine.progress.EpochProgress` decided cluster-wide).
+See docs/cluster.md for the protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+import logging
+import os
+import pickle
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Deque, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+
+from millpond.engine.exchange import Message
+from millpond.engine.interrupts import CoreInterrupts
+
+if TYPE_CHECKING:  # pragma: no cover
+    from types import ModuleType
+from millpond.engine.plan import Plan
+from millpond.engine.progress import ClusterProgress as Decision
+from millpond.engine.progress import LocalProgress
+from millpond.errors import ClusterError, DataflowError
+
+__all__ = [
+    "ClusterSettings",
+    "ClusterNode",
+    "ClusterExchange",
+    "ClusterProgress",
+    "flow_identity",
+    "SECRET_ENV",
+    "SECRET_FILE_ENV",
+]
+
+logger = logging.getLogger("millpond")
+
+#: The shared secret every process of a cluster authenticates with.
+SECRET_ENV = "MILLPOND_CLUSTER_SECRET"
+#: Or a file holding it (Kubernetes secrets are mounted as files).
+SECRET_FILE_ENV = "MILLPOND_CLUSTER_SECRET_FILE"
+START_TIMEOUT_ENV = "MILLPOND_START_TIMEOUT"
+PEER_TIMEOUT_ENV = "MILLPOND_PEER_TIMEOUT"
+MAX_IN_FLIGHT_ENV = "MILLPOND_MAX_IN_FLIGHT_BYTES"
+
+#: Defaults: a start timeout long enough for pods scheduled one by one, a
+#: peer timeout within the ten seconds users are promised.
+DEFAULT_START_TIMEOUT = timedelta(seconds=60)
+DEFAULT_PEER_TIMEOUT = timedelta(seconds=10)
+DEFAULT_MAX_IN_FLIGHT = 32 << 20
+
+
+def _seconds_env(name: str, default: timedelta) -> timedelta:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {raw!r}")
+    return timedelta(seconds=value)
+
+
+def _bytes_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number of bytes, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {raw!r}")
+    return value
+
+
+def _secret_from_env() -> bytes:
+    value = os.environ.get(SECRET_ENV, "")
+    path = os.environ.get(SECRET_FILE_ENV, "")
+    if value and path:
+        raise ValueError(f"set {SECRET_ENV} or {SECRET_FILE_ENV}, not both")
+    if path:
+        try:
+            data = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise ValueError(f"{SECRET_FILE_ENV}: cannot read {path}: {exc.strerror or exc}") from None
+        if not data:
+            raise ValueError(f"{SECRET_FILE_ENV}: {path} is empty")
+        return data
+    return value.encode()
+
+
+def _is_loopback(address: str) -> bool:
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Where this process sits in its cluster, and the cluster's limits.
+
+    ``secret`` authenticates every connection between processes (HMAC
+    challenge–response; required unless every address is loopback);
+    :meth:`from_env` reads it from ``MILLPOND_CLUSTER_SECRET`` or the file
+    ``MILLPOND_CLUSTER_SECRET_FILE`` names. ``peer_timeout`` bounds how long
+    a process that died or stopped answering goes unnoticed;
+    ``start_timeout``, how long the processes have to come up.
+    ``max_in_flight_bytes`` bounds the batches queued for one peer before
+    this process stops reading its sources.
+    """
+
+    addresses: Tuple[str, ...]
+    index: int
+    secret: bytes = field(default=b"", repr=False)
+    start_timeout: timedelta = DEFAULT_START_TIMEOUT
+    peer_timeout: timedelta = DEFAULT_PEER_TIMEOUT
+    max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT
+
+    def __post_init__(self) -> None:
+        n = len(self.addresses)
+        if n == 0:
+            raise ValueError("a cluster needs at least one address")
+        if not isinstance(self.index, int) or not 0 <= self.index < n:
+            raise ValueError(
+                f"process id {self.index!r} is out of range for {n} addresses (process ids start at 0)"
+            )
+        seen: Dict[str, int] = {}
+        for i, a in enumerate(self.addresses):
+            if a in seen:
+                raise ValueError(f"address {a} is given twice (processes {seen[a]} and {i}); every process needs its own")
+            seen[a] = i
+        if n > 1 and not self.secret:
+            remote = [a for a in self.addresses if not _is_loopback(a)]
+            if remote:
+                raise ValueError(
+                    f"addresses {', '.join(remote)} are not loopback: set a cluster secret "
+                    f"({SECRET_ENV} or {SECRET_FILE_ENV}) so processes can tell their peers from strangers"
+                )
+
+    @property
+    def count(self) -> int:
+        """The number of processes."""
+        return len(self.addresses)
+
+    @classmethod
+    def from_env(cls, addresses: Sequence[str], index: int) -> "ClusterSettings":
+        """Settings for ``addresses``/``index`` with the secret and timeouts
+        from the environment (``MILLPOND_CLUSTER_SECRET[_FILE]``,
+        ``MILLPOND_START_TIMEOUT``, ``MILLPOND_PEER_TIMEOUT`` in seconds,
+        ``MILLPOND_MAX_IN_FLIGHT_BYTES``)."""
+        return cls(
+            tuple(addresses), index, _secret_from_env(),
+            _seconds_env(START_TIMEOUT_ENV, DEFAULT_START_TIMEOUT),
+            _seconds_env(PEER_TIMEOUT_ENV, DEFAULT_PEER_TIMEOUT),
+            _bytes_env(MAX_IN_FLIGHT_ENV, DEFAULT_MAX_IN_FLIGHT),
+        )
+
+
+def flow_identity(
+    plan: Plan, workers_per_process: int, key_group_count: int, recovery: str, epoch_interval: timedelta
+) -> Dict[str, str]:
+    """What every process of a cluster must agree on, by name: a process
+    that differs is refused at start with the name and both values."""
+    wiring = [(s.step_id, s.kind, s.downs) for s in plan.steps]
+    digest = hashlib.sha256(repr(wiring).encode()).hexdigest()[:16]
+    return {
+        "flow_id": plan.flow_id,
+        "steps": ",".join(s.step_id for s in plan.steps),
+        "wiring": digest,
+        "workers_per_process": str(workers_per_process),
+        "key_group_count": str(key_group_count),
+        "recovery": recovery,
+        "epoch_interval": str(epoch_interval.total_seconds()),
+    }
+
+
+def _load_core() -> "ModuleType":
+    # Imported when a cluster starts: a one-process flow without recovery
+    # runs without the Go extension.
+    from millpond import _core
+
+    return _core
+
+
+class ClusterNode:
+    """This process's connection to the others (the core's handle)."""
+
+    def __init__(self, settings: ClusterSettings, identity: Mapping[str, str]) -> None:
+        self._core = _core = _load_core()
+        self.settings = settings
+        self.index = settings.index
+        self.count = settings.count
+        opts = {
+            "index": settings.index,
+            "addresses": list(settings.addresses),
+            "identity": dict(identity),
+            "start_timeout_seconds": settings.start_timeout.total_seconds(),
+            "peer_timeout_seconds": settings.peer_timeout.total_seconds(),
+            "max_in_flight_bytes": settings.max_in_flight_bytes,
+            "inbox_limit_bytes": settings.max_in_flight_bytes,
+        }
+        logger.info(
+            "process %d of %d: joining the cluster at %s",
+            settings.index, settings.count, settings.addresses[settings.index],
+        )
+        # Ctrl-C must stop a start that waits for peers that never come.
+        self._interrupts = CoreInterrupts()
+        self._interrupts.start()
+        try:
+            self.handle: Optional[int] = _core.cluster_open(json.dumps(opts), settings.secret)
+        except BaseException:
+            self._interrupts.stop()
+            raise
+        logger.info("process %d: every process of the cluster is connected", settings.index)
+
+    def _h(self) -> int:
+        if self.handle is None:
+            raise ClusterError("the cluster connection is closed")
+        return self.handle
+
+    def send(self, process: int, data: bytes) -> None:
+        self._core.cluster_send(self._h(), process, data)
+
+    def drain(self) -> List[Tuple[int, bytes]]:
+        out: List[Tuple[int, bytes]] = self._core.cluster_drain(self._h())
+        return out
+
+    def wait(self, seconds: float) -> None:
+        self._core.cluster_wait(self._h(), max(seconds, 0.0))
+
+    def congested(self) -> bool:
+        return bool(self._core.cluster_congested(self._h()))
+
+    def report(self, epoch: int, phase: int, ready: bool, done: FrozenSet[int]) -> Optional[FrozenSet[int]]:
+        out = self._core.cluster_report(self._h(), epoch, phase, ready, json.dumps(sorted(done)))
+        return None if out is None else frozenset(out)
+
+    def stats(self) -> Dict[str, Any]:
+        if self.handle is None:
+            return {}
+        out: Dict[str, Any] = self._core.cluster_stats(self.handle)
+        return out
+
+    def close(self) -> None:
+        """Leave the cluster in good order (peers do not report us lost)."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            try:
+                self._core.cluster_close(handle)
+            finally:
+                self._interrupts.stop()
+
+    def abort(self, reason: str) -> None:
+        """Leave the cluster because this process failed: every peer stops
+        at once with ``process I (ADDR) lost: <reason>``."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            try:
+                self._core.cluster_abort(handle, reason)
+            except ClusterError:
+                logger.debug("leaving a failed cluster", exc_info=True)
+            finally:
+                self._interrupts.stop()
+
+
+class ClusterExchange:
+    """Routes item batches to workers in this process and in the others.
+
+    Batches for another process are pickled together, once per process
+    per :meth:`flush`, and handed to the core, which never blocks the
+    caller (:meth:`congested` is the back-pressure signal). Received
+    batches of a later epoch than this process's (a faster peer moved on)
+    are held until this process reaches that epoch.
+    """
+
+    def __init__(self, node: ClusterNode, first_worker: int, workers: int) -> None:
+        self._node = node
+        self._first = first_worker
+        self._per_process = workers
+        self._inboxes: Dict[int, Deque[Message]] = {
+            w: deque() for w in range(first_worker, first_worker + workers)
+        }
+        self._out: Dict[int, List[Tuple[int, int, int, int, List[Any]]]] = {}
+        self._held: List[Tuple[int, Message]] = []
+        self._sent = 0
+        self._received = 0
+        self.epoch = 0
+
+    def send(self, to_worker: int, message: Message) -> None:
+        box = self._inboxes.get(to_worker)
+        if box is not None:
+            box.append(message)
+            # Only this process's own deliveries: the core counts what
+            # crosses processes.
+            self._sent += 1
+        else:
+            self._out.setdefault(to_worker // self._per_process, []).append(
+                (to_worker, message.step, message.port, message.epoch, message.items)
+            )
+
+    def flush(self) -> None:
+        """Hand what was sent to other processes since the last flush to the core."""
+        if not self._out:
+            return
+        out, self._out = self._out, {}
+        for process, batch in out.items():
+            try:
+                data = pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as ex:
+                raise DataflowError(
+                    f"items sent to process {process} could not be pickled: {type(ex).__name__}: {ex}; "
+                    "items that cross processes (keyed steps, redistribute, partitioned sinks) must be picklable"
+                ) from ex
+            self._node.send(process, data)
+
+    def _pull(self) -> None:
+        for _sender, data in self._node.drain():
+            for to_worker, step, port, epoch, items in pickle.loads(data):
+                msg = Message(step, port, epoch, items)
+                if epoch > self.epoch:
+                    self._held.append((to_worker, msg))
+                else:
+                    self._inboxes[to_worker].append(msg)
+                    self._sent += 1
+
+    def begin_epoch(self, epoch: int) -> None:
+        """This process moved to ``epoch``: release what was held for it."""
+        self.epoch = epoch
+        if self._held:
+            keep: List[Tuple[int, Message]] = []
+            for to_worker, msg in self._held:
+                if msg.epoch <= epoch:
+                    self._inboxes[to_worker].append(msg)
+                    self._sent += 1
+                else:
+                    keep.append((to_worker, msg))
+            self._held = keep
+
+    def receive(self, worker: int) -> List[Message]:
+        self._pull()
+        box = self._inboxes[worker]
+        if not box:
+            return []
+        out = list(box)
+        box.clear()
+        self._received += len(out)
+        return out
+
+    def pending(self) -> bool:
+        return bool(self._out) or any(self._inboxes.values())
+
+    def counts(self) -> Tuple[int, int]:
+        # Batches put in an inbox: this process's own and those released
+        # from other processes (the core counts what crossed processes
+        # for the cluster's decision; these say whether every inbox here
+        # was taken).
+        return (self._sent, self._received)
+
+    def congested(self) -> bool:
+        return self._node.congested()
+
+
+class ClusterProgress:
+    """Epoch decisions taken by the whole cluster (Mattern's four-counter
+    method in the core, led by process 0; see docs/cluster.md)."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self._node = node
+
+    def report(self, local: LocalProgress) -> Optional[Decision]:
+        if local.sent != local.received:
+            # Batches of this process still queued here: take them first.
+            return Decision(local.epoch, False, local.done_inputs)
+        done = self._node.report(local.epoch, local.phase, local.ready, local.done_inputs)
+        if done is None:
+            return None
+        return Decision(local.epoch, True, done)
