@@ -303,17 +303,20 @@ func (r *reader) identity() map[string]string {
 		return nil
 	}
 	id := make(map[string]string, n)
-	for range n {
+	prev := ""
+	for i := range n {
 		k := r.str()
 		v := r.str()
 		if r.err != nil {
 			return nil
 		}
-		if _, dup := id[k]; dup {
-			r.err = fmt.Errorf("identity key %q twice", k)
+		if i > 0 && k <= prev {
+			// appendIdentity writes keys in increasing order: one
+			// encoding per identity, no key twice.
+			r.err = fmt.Errorf("identity key %q out of order", k)
 			return nil
 		}
-		id[k] = v
+		id[k], prev = v, k
 	}
 	return id
 }
