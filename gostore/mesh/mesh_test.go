@@ -73,6 +73,15 @@ func TestOrderOfDataAndControlFramesPerPair(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	eventually(t, 5*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		total := 0
+		for _, seqs := range controlSeqs {
+			total += len(seqs)
+		}
+		return total == n*(n-1)*frames/5
+	}, "every control frame handled")
 	require.Zero(t, misplaced.Load(), "control frames that overtook or fell behind data frames")
 	for to := range n {
 		for from := range n {
@@ -273,7 +282,7 @@ func TestWaitReturnsOnNotifyDataDeadlineAndContext(t *testing.T) {
 
 func TestCloseFlushesSaysGoodbyeAndIsIdempotent(t *testing.T) {
 	checkLeaks(t)
-	ms := startCluster(t, 3, nil)
+	ms := startCluster(t, 3, func(cfg *Config) { cfg.PeerTimeout = 500 * time.Millisecond })
 	const frames = 200
 	for i := range frames {
 		require.NoError(t, ms[0].Send(1, 0, seqPayload(i, 1000)))
