@@ -379,10 +379,10 @@ func (m *Mesh) teardown(graceful bool) {
 // Close stops the mesh gracefully: it refuses further Sends, writes what
 // is queued for every peer (waiting at most PeerTimeout in all), says
 // goodbye on every stream so that the peers do not report this process
-// lost, and stops everything. It returns an error naming the frames it
-// could not write in time; a peer that got none of them is not told
-// goodbye, so it reports this process lost rather than missing frames
-// silently. After a failure Close only waits for the goroutines to end
+// lost, and stops everything. It returns an error naming the peers that
+// did not get everything in time (frames still queued, or written but not
+// read); those are not told goodbye, so they report this process lost
+// rather than miss frames silently. After a failure Close only waits for the goroutines to end
 // and returns nil (Err has the failure). It is idempotent.
 func (m *Mesh) Close() error {
 	m.closeOnce.Do(func() { m.closeErr = m.close() })
@@ -418,8 +418,11 @@ func (m *Mesh) close() error {
 			continue
 		default:
 		}
-		frames, bytes := p.out.pending()
-		problems = append(problems, fmt.Sprintf("%d frames (%d bytes) for process %d (%s)", frames, bytes, p.index, p.addr))
+		if frames, bytes := p.out.pending(); frames > 0 {
+			problems = append(problems, fmt.Sprintf("%d frames (%d bytes) for process %d (%s) were not written", frames, bytes, p.index, p.addr))
+		} else {
+			problems = append(problems, fmt.Sprintf("process %d (%s) did not read what was written to it (its inbox is full or it is hung)", p.index, p.addr))
+		}
 	}
 	// Goodbye on the inbound streams of the peers that got everything.
 	var serving []chan struct{}
@@ -444,7 +447,7 @@ func (m *Mesh) close() error {
 	m.teardown(true)
 	m.log.Info("cluster mesh closed")
 	if len(problems) > 0 {
-		return fmt.Errorf("closing process %d: not written within %s: %s", m.index, formatDuration(m.s.PeerTimeout), strings.Join(problems, ", "))
+		return fmt.Errorf("closing process %d: within %s, %s", m.index, formatDuration(m.s.PeerTimeout), strings.Join(problems, "; "))
 	}
 	return nil
 }

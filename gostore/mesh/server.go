@@ -67,9 +67,9 @@ func (m *Mesh) serveStream(ss grpc.ServerStream) error {
 		return status.Error(codes.Unavailable, "handshake did not complete")
 	}
 	p := m.peers[from]
-	served, why := m.register(p)
+	served, why, retry := m.register(p)
 	if served == nil {
-		_ = ss.SendMsg(&msg{typ: msgRefuse, body: refusal{retry: true, reason: why}.encode()})
+		_ = ss.SendMsg(&msg{typ: msgRefuse, body: refusal{retry: retry, reason: why}.encode()})
 		m.log.Warn("refused a cluster connection", "remote", remote, "peer", from, "reason", why)
 		return status.Error(codes.Unavailable, why)
 	}
@@ -161,21 +161,26 @@ func (m *Mesh) receive(p *peer, ss grpc.ServerStream) error {
 	}
 }
 
-// register makes p's inbound stream the served one. It returns nil and
-// why when that cannot be: this process is stopping, or it serves a
-// stream from that process already (two processes with one index).
-func (m *Mesh) register(p *peer) (chan struct{}, string) {
+// register makes p's inbound stream the served one. It returns nil, why
+// and whether a later try may pass when that cannot be: this process is
+// stopping, it serves a stream from that process already (two processes
+// with one index), or that process's stream ended before (it left or was
+// restarted: a cluster restarts as a whole, it does not take a process
+// back).
+func (m *Mesh) register(p *peer) (served chan struct{}, why string, retry bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	switch {
 	case !m.live():
-		return nil, "it is shutting down"
+		return nil, "it is shutting down", true
 	case p.inServing != nil:
-		return nil, fmt.Sprintf("it already has a stream from process %d (were two processes started with index %d?)", p.index, p.index)
+		return nil, fmt.Sprintf("it already has a stream from process %d (were two processes started with index %d?)", p.index, p.index), true
+	case p.inUp:
+		return nil, fmt.Sprintf("process %d left its running cluster before; restart the whole cluster", p.index), false
 	}
 	p.inServing = make(chan struct{})
 	p.inUp = true
-	return p.inServing, ""
+	return p.inServing, "", false
 }
 
 func (m *Mesh) unregister(p *peer, served chan struct{}) {
