@@ -193,6 +193,10 @@ func (r *Run) hosted() iter.Seq2[int, *localstore.Store] {
 // Hosts reports whether worker w (global index) runs in this process.
 func (r *Run) Hosts(w int) bool { return r.hosts(w) }
 
+// Leads reports whether this process writes the commit records: a run of
+// its own, or process 0 of a cluster.
+func (r *Run) Leads() bool { return r.leads() }
+
 // HostedWorkers returns the first worker this process hosts and how many.
 func (r *Run) HostedWorkers() (first, count int) { return r.cfg.FirstWorker, r.cfg.Workers }
 

@@ -640,7 +640,10 @@ func TestClusterHealsLostObjects(t *testing.T) {
 func TestClusterWholeBatchIsPlain(t *testing.T) {
 	h := newClusterHarness(t)
 	ctx := context.Background()
-	procs, _ := h.start(2, 1, false)
+	// Every whole batch starts a new generation of the local store, which
+	// replaces the old one once a follower learns its epoch committed.
+	generations := func(c *durable.Config) { c.GenerationMinRows = 1 }
+	procs, _ := h.start(2, 1, false, generations)
 	var keys []string
 	for i := range 40 {
 		keys = append(keys, fmt.Sprintf("k%02d", i))
@@ -665,7 +668,8 @@ func TestClusterWholeBatchIsPlain(t *testing.T) {
 		assert.Equal(t, durable.KindSegment, o.Kind, o.Key)
 	}
 	requireModel(t, h.hist.at[2], readBack(t, h.bk, h.kgc))
-	procs, _ = h.start(2, 1, false)
+	procs, _ = h.start(2, 1, false, generations)
+	assert.Equal(t, []string{durable.ResumeFast}, kinds(procs[1].infos))
 	requireModel(t, h.hist.at[2], clusterState(t, procs, h.kgc))
 	h.finish(procs)
 }
