@@ -160,8 +160,10 @@ func errCause(err error) string {
 	return err.Error()
 }
 
-// formatDuration writes whole seconds as "60s" (not "1m0s").
+// formatDuration writes whole seconds as "60s" (not "1m0s"), anything
+// else to the millisecond.
 func formatDuration(d time.Duration) string {
+	d = d.Round(time.Millisecond)
 	if d >= time.Second && d%time.Second == 0 {
 		return fmt.Sprintf("%ds", d/time.Second)
 	}

@@ -67,11 +67,13 @@
 //
 // # Files
 //
-// config.go (Config, validation, defaults), mesh.go (Start, Close, Send
-// and the mesh's life), peer.go (one peer: its streams' ends, goodbye,
-// loss), outbox.go (the send queue and its goroutine), inbox.go (the
-// receive side: Drain, Wait, InboxLimit), server.go (the service and the
-// served half of a stream), dial.go (dialing with retries, telling a
-// foreign protocol), handshake.go, codec.go, frame.go, liveness.go
-// (heartbeat silence), stats.go, errors.go.
+// config.go (Config, validation, defaults), mesh.go (the Mesh and its
+// calls: Send, Counts, Err...), start.go (Start: listening, joining, its
+// errors), stop.go (failure, Abort, Close), peer.go (one peer: its
+// streams' ends, goodbye, loss), outbox.go (the send queue and its
+// goroutine), inbox.go (the receive side: Drain, Wait, InboxLimit),
+// server.go (the service and the served half of a stream), dial.go
+// (dialing with retries, telling a foreign protocol), handshake.go,
+// codec.go, frame.go, liveness.go (heartbeat silence), stats.go,
+// errors.go.
 package mesh

@@ -370,3 +370,21 @@ func TestSingleProcessNeedsNoNetwork(t *testing.T) {
 	require.NoError(t, m.Close())
 	assert.True(t, errors.Is(m.Send(0, 0, nil), ErrClosed))
 }
+
+func TestFramesWrittenAfterADropAreNotCountedTwice(t *testing.T) {
+	m := &Mesh{}
+	o := newOutbox(m, 10)
+	require.True(t, o.put(outFrame{payload: make([]byte, 100)}))
+	require.True(t, o.put(outFrame{payload: make([]byte, 5)}))
+	batch := o.take()
+	require.Len(t, batch, 2)
+	frames, bytes := o.drop() // the peer left while the sender held the batch
+	assert.Equal(t, 0, frames, "the sender holds them")
+	assert.Equal(t, int64(105), bytes)
+	o.wrote(100) // the sender's write in flight went through
+	assert.Zero(t, o.queued)
+	assert.Equal(t, int64(1), o.framesOut)
+	assert.False(t, o.congested)
+	assert.Zero(t, m.congested.Load())
+	assert.False(t, o.put(outFrame{}))
+}

@@ -15,10 +15,11 @@ type outbox struct {
 	m   *Mesh
 	max int64 // MaxInFlight
 
-	mu     sync.Mutex
-	frames []outFrame
-	queued int64 // payload bytes accepted and not yet handed to the stream
-	closed bool  // no more frames: the mesh is closing or stopped, or the peer left
+	mu      sync.Mutex
+	frames  []outFrame
+	queued  int64 // payload bytes accepted and not yet handed to the stream
+	closed  bool  // no more frames: the mesh is closing or stopped, or the peer left
+	dropped bool  // the queue was forgotten: frames the sender still writes are not in queued
 
 	congested bool          // queued > max
 	since     time.Time     // when the current congestion began
@@ -68,7 +69,9 @@ func (o *outbox) take() []outFrame {
 // wrote records one frame handed to the stream.
 func (o *outbox) wrote(n int) {
 	o.mu.Lock()
-	o.queued -= int64(n)
+	if !o.dropped {
+		o.queued -= int64(n)
+	}
 	o.framesOut++
 	o.bytesOut += int64(n)
 	o.relieveLocked()
@@ -100,6 +103,7 @@ func (o *outbox) drop() (frames int, bytes int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.closed = true
+	o.dropped = true
 	frames, bytes = len(o.frames), o.queued
 	o.frames = nil
 	o.queued = 0
