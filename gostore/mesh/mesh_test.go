@@ -282,7 +282,7 @@ func TestWaitReturnsOnNotifyDataDeadlineAndContext(t *testing.T) {
 
 func TestCloseFlushesSaysGoodbyeAndIsIdempotent(t *testing.T) {
 	checkLeaks(t)
-	ms := startCluster(t, 3, func(cfg *Config) { cfg.PeerTimeout = 500 * time.Millisecond })
+	ms := startCluster(t, 3, func(cfg *Config) { cfg.PeerTimeout = time.Second })
 	const frames = 200
 	for i := range frames {
 		require.NoError(t, ms[0].Send(1, 0, seqPayload(i, 1000)))
@@ -298,7 +298,7 @@ func TestCloseFlushesSaysGoodbyeAndIsIdempotent(t *testing.T) {
 		require.Equal(t, i, seqOf(f.Payload))
 	}
 	// Well past PeerTimeout: the others did not report process 0 lost.
-	time.Sleep(ms[1].s.PeerTimeout + 500*time.Millisecond)
+	time.Sleep(ms[1].s.PeerTimeout + 300*time.Millisecond)
 	for _, m := range ms[1:] {
 		assert.NoError(t, m.Err())
 		select {

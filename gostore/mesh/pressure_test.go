@@ -97,14 +97,14 @@ func TestAllToAllUnderPressure(t *testing.T) {
 func TestFullInboxIsNotSilence(t *testing.T) {
 	checkLeaks(t)
 	ms := startCluster(t, 2, func(cfg *Config) {
-		cfg.PeerTimeout = 300 * time.Millisecond
+		cfg.PeerTimeout = 600 * time.Millisecond
 		cfg.MaxInFlight = 64 << 10
 		cfg.InboxLimit = 64 << 10
 	})
 	for range 100 {
 		require.NoError(t, ms[0].Send(1, 0, make([]byte, 64<<10)))
 	}
-	time.Sleep(4 * 300 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // 2.5 PeerTimeouts
 	require.NoError(t, ms[0].Err())
 	require.NoError(t, ms[1].Err())
 	assert.True(t, ms[0].Congested())
