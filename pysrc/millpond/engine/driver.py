@@ -88,14 +88,18 @@ def execute(
         )
         node = ClusterNode(cluster, identity)
     try:
-        _execute(plan, worker_count, interval, recovery_config, clock, progress, node)
+        finished = _execute(plan, worker_count, interval, recovery_config, clock, progress, node)
     except BaseException as ex:
         if node is not None:
             node.abort(f"{type(ex).__name__}: {ex}"[:300])
         raise
-    else:
-        if node is not None:
+    if node is not None:
+        if finished:
             node.close()
+        else:
+            # Stopped early (a source aborted, as a crash would): the other
+            # processes must stop too, not wait for this one.
+            node.abort("the execution was aborted by its source")
 
 
 def _execute(
@@ -106,7 +110,8 @@ def _execute(
     clock: Clock,
     progress: Optional[EpochProgress],
     node: Optional[ClusterNode],
-) -> None:
+) -> bool:
+    """Run the epochs; True if the inputs ended (False: aborted)."""
     first = node.index * workers_here if node is not None else 0
     total = workers_here * (node.count if node is not None else 1)
     hosted = range(first, first + workers_here)
@@ -160,6 +165,7 @@ def _execute(
                             logger.debug("error closing partitions after abort", exc_info=True)
             finally:
                 run.close()
+    return not aborted
 
 
 def _drain(workers: List[Worker], exchange: Exchange, now: datetime) -> None:
