@@ -877,3 +877,24 @@ func TestClusterLeaderAborts(t *testing.T) {
 	assert.Equal(t, int64(2), readState(t, h.bk).Commit.Epoch)
 	requireModel(t, h.hist.at[2], readBack(t, h.bk, h.kgc))
 }
+
+// The cluster closing once the leader finished (in good order: what was
+// sent is delivered first) does not fail a follower that is finishing.
+func TestClusterClosesAfterTheLeaderFinished(t *testing.T) {
+	for i := range 3 {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			h := newClusterHarness(t)
+			procs, net := h.start(2, 1, false)
+			h.mustEpochs(procs, 1, 3, updatesGen(60, 0.5, false))
+			errs := parallel(2, func(p int) error {
+				err := procs[p].run.Finish(false)
+				if p == 0 {
+					net.fail(errors.New("closed"))
+				}
+				return err
+			})
+			require.NoError(t, errors.Join(errs...))
+			assert.Equal(t, int64(3), procs[1].run.Committed())
+		})
+	}
+}

@@ -39,7 +39,15 @@ func (r *Run) runInbox() {
 		select {
 		case cm, ok := <-inbox:
 			if !ok {
-				r.fail(clusterDown(r.cfg.Cluster))
+				// Closed in good order once the leader said it commits
+				// nothing more, or once Finish is past its waits: nothing
+				// more was needed from the others.
+				r.mu.Lock()
+				done := r.stopped || (!r.leads() && r.leaderDone)
+				r.mu.Unlock()
+				if !done {
+					r.fail(clusterDown(r.cfg.Cluster))
+				}
 				return
 			}
 			if r.Err() != nil {
