@@ -191,6 +191,9 @@ func TestStatsAndCountsAreExact(t *testing.T) {
 	drainUntil(t, ms[1], len(sizes), 5*time.Second)
 	drainUntil(t, ms[2], len(sizes), 5*time.Second)
 	eventually(t, 5*time.Second, func() bool { return ms[1].Stats()[0].FramesIn == int64(len(sizes)+1) }, "control frame read")
+	// The sender counts a frame once gRPC took it, which can be a moment
+	// after the receiver has it.
+	eventually(t, 5*time.Second, func() bool { return ms[0].Stats()[1].Queued == 0 && ms[0].Stats()[2].Queued == 0 }, "queues empty")
 
 	sent, received := ms[0].Counts()
 	assert.Equal(t, int64(2*len(sizes)), sent)
@@ -240,9 +243,8 @@ func TestCongestionIsTimedAndWakesTheWaiter(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Wait did not return when the congestion ended")
 	}
-	st = ms[0].Stats()[1]
-	assert.Zero(t, st.Queued)
-	blocked := st.BlockedSeconds
+	eventually(t, 5*time.Second, func() bool { return ms[0].Stats()[1].Queued == 0 }, "queue empty")
+	blocked := ms[0].Stats()[1].BlockedSeconds
 	time.Sleep(50 * time.Millisecond)
 	assert.Equal(t, blocked, ms[0].Stats()[1].BlockedSeconds, "no congestion, no blocked time")
 }
@@ -379,7 +381,7 @@ func TestFramesWrittenAfterADropAreNotCountedTwice(t *testing.T) {
 	batch := o.take()
 	require.Len(t, batch, 2)
 	frames, bytes := o.drop() // the peer left while the sender held the batch
-	assert.Equal(t, 0, frames, "the sender holds them")
+	assert.Equal(t, 2, frames)
 	assert.Equal(t, int64(105), bytes)
 	o.wrote(100) // the sender's write in flight went through
 	assert.Zero(t, o.queued)

@@ -18,6 +18,7 @@ type outbox struct {
 	mu      sync.Mutex
 	frames  []outFrame
 	queued  int64 // payload bytes accepted and not yet handed to the stream
+	waiting int   // frames accepted and not yet handed to the stream (queued or taken)
 	closed  bool  // no more frames: the mesh is closing or stopped, or the peer left
 	dropped bool  // the queue was forgotten: frames the sender still writes are not in queued
 
@@ -43,6 +44,7 @@ func (o *outbox) put(f outFrame) bool {
 	}
 	o.frames = append(o.frames, f)
 	o.queued += int64(len(f.payload))
+	o.waiting++
 	if !o.congested && o.queued > o.max {
 		o.congested = true
 		o.since = time.Now()
@@ -71,6 +73,7 @@ func (o *outbox) wrote(n int) {
 	o.mu.Lock()
 	if !o.dropped {
 		o.queued -= int64(n)
+		o.waiting--
 	}
 	o.framesOut++
 	o.bytesOut += int64(n)
@@ -104,18 +107,26 @@ func (o *outbox) drop() (frames int, bytes int64) {
 	defer o.mu.Unlock()
 	o.closed = true
 	o.dropped = true
-	frames, bytes = len(o.frames), o.queued
+	frames, bytes = o.waiting, o.queued
 	o.frames = nil
 	o.queued = 0
+	o.waiting = 0
 	o.relieveLocked()
 	return frames, bytes
 }
 
-// pending returns what is queued now.
+// untaken is the number of frames the sender has not taken yet.
+func (o *outbox) untaken() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.frames)
+}
+
+// pending returns what is not yet handed to the stream.
 func (o *outbox) pending() (frames int, bytes int64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return len(o.frames), o.queued
+	return o.waiting, o.queued
 }
 
 // sendLoop writes a remote peer's queue to its stream in order. When the
@@ -140,7 +151,7 @@ func (p *peer) sendLoop(ctx context.Context, stream grpc.ClientStream) {
 				abort()
 				return
 			case <-p.m.flushing:
-				if n, _ := o.pending(); n > 0 {
+				if o.untaken() > 0 {
 					continue
 				}
 				if stream.SendMsg(&msg{typ: msgGoodbye}) == nil {
