@@ -55,6 +55,11 @@ func mp_run_open(localDir, flow *C.char, workers, keyGroups C.int, backupH C.uin
 		CompactRatio: float64(compactRatio), CompactMinBytes: int64(compactMin),
 		Key: goKey(key, keyLen), Logger: bridge.logger(),
 		Cluster: peers, FirstWorker: int(first), Workers: int(hosted),
+		// The mesh already stops the run when a process dies or goes
+		// silent (its peer timeout); a process that is alive and
+		// restoring a large state may legitimately take hours, so the
+		// durable layer's own waits at start are not bounded apart.
+		StartTimeout: 7 * 24 * time.Hour,
 	}
 	run, err := durable.Open(callCtx(), cfg)
 	if err != nil {
