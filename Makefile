@@ -22,7 +22,8 @@ export CGO_CFLAGS := -I$(PY_INCLUDE) -O2
 FUZZ_DECODE_RUNS   ?= 80000x
 FUZZ_SNAPFILE_RUNS ?= 2000x
 
-.PHONY: all demo test test-fast gotest govet gofuzz pytest mypy ext venv bench clean fuzz
+.PHONY: all demo test test-fast gotest gotest-race gotest-long govet gofuzz pytest mypy ext venv bench clean fuzz
+.PHONY: test-lane-go test-lane-long test-lane-py
 
 all: ext
 
@@ -48,12 +49,20 @@ demo: ext
 govet:
 	go vet ./...
 
-# The Go tests run with the race detector; the scale test (bounded growth
-# over 300 epochs of 100k keys, about 100 s) runs without it, since SQLite
-# under the race detector is ten times slower, and is skipped by -short.
-gotest:
+# The Go tests run with the race detector. gotest-long runs without it the
+# tests that are slow under it (SQLite, compiled to Go, runs some ten times
+# slower there): the bounded-growth scale test (300 epochs of 100k keys,
+# about 100 s; skipped by -short) and every seed of snapfile's model test
+# (which runs 2 of its 6 seeds under the race detector).
+GO_LONG_TESTS := AtScale|^TestBufferedStoreMatchesAModel$$
+
+gotest: gotest-race gotest-long
+
+gotest-race:
 	go test -race -short -count=1 ./gostore/...
-	go test -count=1 -run 'AtScale' ./gostore/durable/
+
+gotest-long:
+	go test -count=1 -run '$(GO_LONG_TESTS)' ./gostore/durable/ ./gostore/snapfile/
 
 gofuzz:
 	go test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZ_DECODE_RUNS) ./gostore/rowbatch
@@ -64,21 +73,49 @@ fuzz: FUZZ_DECODE_RUNS=$(FUZZTIME)
 fuzz: FUZZ_SNAPFILE_RUNS=$(FUZZTIME)
 fuzz: gofuzz
 
+# pytest runs on PYTEST_WORKERS pytest-xdist workers (0: in this process).
+# Most tests wait on child processes, so two workers on two cores halve the
+# time. --dist loadgroup keeps a module whose tests share a module-scoped
+# fixture on one worker, and tests/conftest.py hands out the modules with
+# slow tests first (--no-loadscope-reorder keeps that order).
+PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
 pytest: ext
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
 
 # Static types of the package, with the settings in pyproject.toml (the
 # extension's face is pysrc/millpond/_core.pyi).
 mypy: venv
 	$(PY) -m mypy pysrc/millpond
 
-test: ext govet gotest gofuzz mypy pytest
+# make test runs its checks in three lanes at once, each lane's steps in
+# order: Go (vet, the race tests, fuzzing), the Go tests without the race
+# detector (the scale test), and Python (mypy, pytest). On 2 cores this
+# takes about half the time of one after the other: the scale test and
+# many Python tests mostly wait (on fsync, on child processes). Each lane's
+# output is printed whole when the lane ends (--output-sync); make waits
+# for every lane and fails if any failed. The lanes, or any single step
+# (make gotest, make pytest...), can be run alone.
+test:
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-lane-go test-lane-long test-lane-py
+
+test-lane-go:
+	@$(MAKE) --no-print-directory govet
+	@$(MAKE) --no-print-directory gotest-race
+	@$(MAKE) --no-print-directory gofuzz
+
+test-lane-long: gotest-long
+
+test-lane-py: ext
+	@$(MAKE) --no-print-directory mypy
+	@$(MAKE) --no-print-directory pytest
 
 # The edit loop: the same checks without the slow ones (Go tests with
 # -short, pytest without tests marked slow, no fuzzing). CI runs make test.
 test-fast: ext govet mypy
 	go test -short -count=1 ./gostore/...
-	$(PY) -m pytest -q -m 'not slow' tests
+	$(PYTEST) -m 'not slow' tests
 
 # The benchmarks of docs/benchmarks.md (several minutes; wordcount installs
 # Bytewax 0.21.1 into bench/.venv-bytewax on first use).
