@@ -8,6 +8,12 @@
 // HTTP/2 flow control, keepalive pings and deadlines; the messages are raw
 // bytes (a hand-written codec and service description, no protoc).
 //
+// A process whose own address is a loopback one listens on exactly that
+// address; any other process listens on every interface at its port (a
+// StatefulSet pod's DNS name may not resolve before the pod is ready),
+// and then a cluster secret is required. With one process there is no
+// network at all.
+//
 // # Frames
 //
 // Send(to, kind, payload) queues a frame: kind 0 is data, which the

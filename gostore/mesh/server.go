@@ -106,6 +106,14 @@ func (m *Mesh) serveStream(ss grpc.ServerStream) error {
 			default:
 				p.ended("its stream to this process broke: " + statusMessage(err))
 			}
+			// If that (or anything) failed the mesh, say why before the
+			// stream ends: an end without a word would reach the peer
+			// first and hide the cause.
+			select {
+			case <-m.aborting:
+				_ = ss.SendMsg(&msg{typ: msgAbort, body: []byte(m.abortMsg)})
+			default:
+			}
 			return nil
 		case <-tick.C:
 			_ = ss.SendMsg(&msg{typ: msgHeartbeat})
