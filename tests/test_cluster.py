@@ -91,7 +91,7 @@ LAYOUTS = [
     pytest.param(4, 1, "p", False, id="4x1-p", marks=pytest.mark.slow),
     pytest.param(4, 1, "ia", False, id="4x1-ia"),
     pytest.param(2, 2, "ia", True, id="2x2-ia-recovery"),
-    pytest.param(3, 1, "p", True, id="3x1-p-recovery"),
+    pytest.param(3, 1, "p", True, id="3x1-p-recovery", marks=pytest.mark.slow),
 ]
 
 
@@ -173,10 +173,15 @@ def test_wrong_secret_is_refused_and_gets_no_data(tmp_path: Path) -> None:
         assert len(lines) == 1, f"process {i}: expected one error line:\n{res}"
     intruder = error_lines(results[2])[0]
     assert "MILLPOND_CLUSTER_SECRET" in intruder, f"the intruder's error does not name the secret: {intruder}"
-    honest = [error_lines(r)[0] for r in results[:2]]
-    assert any("MILLPOND_CLUSTER_SECRET" in line for line in honest), (
-        f"no process of the cluster names the secret as the problem: {honest}"
-    )
+    # The honest processes name the secret when the intruder's attempt
+    # reached them before their start timeout; otherwise (the intruder
+    # dialed the other one first and quit) at least the intruder, as the
+    # process that did not join.
+    for i, res in enumerate(results[:2]):
+        line = error_lines(res)[0]
+        assert "MILLPOND_CLUSTER_SECRET" in line or f"process 2 ({addrs[2]}) did not join" in line, (
+            f"process {i} names neither the secret nor the intruder: {line}"
+        )
     assert seen_lines(d) == [], f"steps processed items: {seen_lines(d)[:5]}"
     assert not (d / "out.txt").exists() or (d / "out.txt").read_text() == ""
     assert all(r.stdout == "" for r in results)

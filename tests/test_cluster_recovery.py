@@ -20,6 +20,7 @@ every output line ``word n`` must appear exactly once.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import signal
@@ -34,12 +35,15 @@ from helpers.clusterflows import (
     Cluster,
     Proc,
     assert_all_ok,
+    cluster_env,
     committed_epochs_dir,
     diff_outputs,
     expected_wordcount,
+    group_members,
     make_run_dir,
     newest_commit,
     read_outputs,
+    run_argv,
     run_cluster,
     start_processes,
     tails,
@@ -153,6 +157,37 @@ def test_sigkill_one_process_then_rerun_is_exactly_once_more_seeds(tmp_path: Pat
     _kill_trial(tmp_path, seed)
 
 
+def test_sigkill_one_process_of_a_p_cluster(tmp_path: Path) -> None:
+    """``-p 3`` with one shared ``-d``: SIGKILL one of the launcher's
+    processes; the launcher exits with that process's status (128 + 9)
+    and no process is left running; ``-p 3`` again gives exactly-once
+    output."""
+    d = make_run_dir(tmp_path / "run", files=3, lines=400, worker_counts=(3,))
+    args = ["-p", "3", "-s", EPOCH, "-d", "state", "-b", "backup"]
+    with Cluster(tmp_path / "logs") as cluster:
+        launcher = cluster.spawn("launcher", run_argv(IMPORT, args), d, cluster_env(ENV))
+        wait_until(lambda: launcher.stderr.count("starts at epoch") == 3, 30, [launcher], "the start")
+        time.sleep(random.Random(5).uniform(0.0, 0.8))
+        children = [pid for pid in group_members(launcher.pid) if pid != launcher.pid]
+        assert len(children) == 3, f"the launcher's processes: {children}\n{launcher.stderr[-2000:]}"
+        os.kill(children[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        [res] = cluster.wait([launcher], PEER_TIMEOUT + SLACK + 30)
+        took = (launcher.ended or killed_at) - killed_at
+        left = [pid for pid in group_members(launcher.pid) if pid != launcher.pid]
+    assert res.returncode == 128 + signal.SIGKILL, f"the launcher exited {res.returncode}:\n{res.stderr[-2000:]}"
+    assert took <= PEER_TIMEOUT + SLACK, f"the cluster stopped {took:.1f} s after the kill"
+    assert left == [], f"processes {left} still ran after the launcher exited"
+    assert LOST_RE.search(res.stderr), res.stderr[-2000:]
+    committed = _newest_dir(d / "backup")()
+    results = run_cluster(d, tmp_path / "logs-rerun", IMPORT, 3, 1, "p", lambda i: args[2:], ENV, timeout=90)
+    assert_all_ok(results)
+    assert len(RESUME_RE.findall(results[0].stderr)) == 3
+    assert {int(e) for _x, e in RESUME_RE.findall(results[0].stderr)} == {committed + 1}
+    problem = diff_outputs(read_outputs(d), expected_wordcount(d))
+    assert not problem, problem
+
+
 @pytest.mark.parametrize("seed", [
     pytest.param(0, id="leader"),
     pytest.param(4, id="follower", marks=pytest.mark.slow),
@@ -187,6 +222,43 @@ def test_error_in_user_code_stops_every_process(tmp_path: Path) -> None:
         lost = [line for line in res.stderr.splitlines() if "error:" in line and LOST_RE.search(line)]
         assert lost, f"process {i} does not name a lost process:\n{res.stderr[-2000:]}"
         assert f"ValueError: boom on {needle}" in lost[-1], f"process {i} does not give the cause: {lost[-1]}"
+
+
+@pytest.mark.slow
+def test_processes_must_share_one_backup(tmp_path: Path) -> None:
+    """After a kill, process 1 comes back on a fresh local state dir (a
+    new pod's empty disk) but names another, empty backup: the start is
+    refused on both processes, naming the backup, and nothing is changed.
+    With the right backup, process 1 does a full resume and the output is
+    exactly-once."""
+    d = make_run_dir(tmp_path / "run", files=2, lines=300, worker_counts=(2,))
+    newest = _newest_dir(d / "backup")
+    with Cluster(tmp_path / "logs") as cluster:
+        procs = start_processes(cluster, d, IMPORT, 2, 1,
+                                lambda i: ["-s", EPOCH, "-d", f"state/p{i}", "-b", "backup"], ENV)
+        wait_until(lambda: newest() >= 2, 60, procs, "two commits")
+        assert all(p.poll() is None for p in procs), cluster.describe()
+        cluster.kill(procs[0])
+        cluster.wait(procs, PEER_TIMEOUT + SLACK + 30)
+    committed = newest()
+    before = read_outputs(d)
+
+    def fresh(backup_of_1: str) -> Callable[[int], List[str]]:
+        return lambda i: ["-s", EPOCH, "-d", "state/p0" if i == 0 else "state/fresh",
+                          "-b", "backup" if i == 0 else backup_of_1]
+
+    results = run_cluster(d, tmp_path / "logs-wrong", IMPORT, 2, 1, "ia", fresh("other-backup"), ENV, timeout=60)
+    for i, res in enumerate(results):
+        assert res.returncode == 1, tails(results)
+        assert "every process must use the same backup" in res.stderr, f"process {i}:\n{res.stderr[-2000:]}"
+    assert newest() == committed and read_outputs(d) == before, "a refused start changed the backup or the output"
+
+    results = run_cluster(d, tmp_path / "logs-right", IMPORT, 2, 1, "ia", fresh("backup"), ENV, timeout=60)
+    assert_all_ok(results)
+    _check_resumed(results, committed + 1)
+    assert "full resume" in results[1].stderr, results[1].stderr[-2000:]
+    problem = diff_outputs(read_outputs(d), expected_wordcount(d))
+    assert not problem, problem
 
 
 # ---------------------------------------------------------------------------

@@ -7,9 +7,9 @@ Every process is a child ``python -m millpond.run`` started with
 (:func:`helpers.mpflow.child_env`), on ports of 127.0.0.1 that
 :func:`millpond.launch.free_ports` found free. Every child runs in a new
 session, so a ``-p`` launcher and the processes it starts form one process
-group; :meth:`Cluster.stop` kills every member of the groups this module
-started, one by one by pid, and runs in a ``finally`` of every helper that
-starts one. stdout and stderr go to files (a long log never fills a pipe).
+group; :meth:`Cluster.stop` kills what is still running (and a launcher's
+processes, one by one by pid) and runs in a ``finally`` (``with``) of every
+helper that starts processes. stdout and stderr go to files (a long log never fills a pipe).
 
 The flows live in :data:`FLOW_SOURCE`, written into each run directory as
 ``cflows.py``; the children import them from there (their cwd). All flows
@@ -372,7 +372,7 @@ def addresses(n: int) -> List[str]:
     return [f"127.0.0.1:{p}" for p in free_ports(n)]
 
 
-def _group_members(pgid: int) -> List[int]:
+def group_members(pgid: int) -> List[int]:
     """The pids of the live processes in process group ``pgid``."""
     pids: List[int] = []
     for entry in os.listdir("/proc"):
@@ -398,6 +398,8 @@ class Proc:
     stdout_path: Path
     stderr_path: Path
     started: float
+    #: A ``-p`` launcher: the processes it starts share its process group.
+    launcher: bool = False
     ended: Optional[float] = None
 
     @property
@@ -446,7 +448,8 @@ class Cluster:
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             popen = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdout=out, stderr=err,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
-        proc = Proc(name, popen, out_path, err_path, time.monotonic())
+        launcher = any(a in ("-p", "--processes") or a.startswith("--processes=") for a in argv)
+        proc = Proc(name, popen, out_path, err_path, time.monotonic(), launcher)
         self.procs.append(proc)
         return proc
 
@@ -477,24 +480,31 @@ class Cluster:
         return "\n".join(parts)
 
     def stop(self) -> None:
-        """Kill every process this cluster started (and, for a ``-p``
-        launcher, the processes it started: the members of its group)."""
+        """Kill every process this cluster started that still runs, and
+        for a ``-p`` launcher the processes it started (the members of its
+        process group, by pid)."""
         for p in self.procs:
-            for pid in [p.pid] + [m for m in _group_members(p.pid) if m != p.pid]:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            if p.poll() is None:
+                p.popen.kill()
+            if p.launcher:
+                for pid in group_members(p.pid):
+                    if pid != p.pid:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
         for p in self.procs:
             try:
                 p.popen.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover
                 pass
             p.poll()
-        # Orphaned members of a killed launcher's group are reaped by init;
-        # give them a moment to go so no port or store lock outlives us.
+        # A killed launcher's processes are reaped by init: give them a
+        # moment to go, so no port or store lock outlives the test.
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(_group_members(p.pid) for p in self.procs):
+        while time.monotonic() < deadline and any(
+            m != p.pid for p in self.procs if p.launcher for m in group_members(p.pid)
+        ):
             time.sleep(0.02)
 
 
