@@ -249,3 +249,14 @@ func mp_cluster_abort(h C.uintptr_t, reason *C.char, errKind *C.int, errMsg **C.
 	node.Abort(C.GoString(reason))
 	return 0
 }
+
+// clusterMessage is err's text, except for a lost process: wherever the
+// loss surfaced (a commit, a restore, the engine's loop), the user gets the
+// one line that names the process and why, as every other process does.
+func clusterMessage(err error) string {
+	var lost *mesh.PeerLostError
+	if errors.As(err, &lost) {
+		return lost.Error()
+	}
+	return err.Error()
+}

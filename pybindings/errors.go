@@ -142,7 +142,7 @@ func setErr(err error, kind *C.int, msg **C.char) C.int {
 	k := kindOf(err)
 	*kind = C.int(k)
 	if err != nil {
-		*msg = C.CString(err.Error())
+		*msg = C.CString(clusterMessage(err))
 	}
 	return C.int(k)
 }

@@ -43,9 +43,16 @@ def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
             s.close()
 
 
-def launch_local(argv: Sequence[str], processes: int, peer_timeout: float = 10.0) -> int:
+def launch_local(argv: Sequence[str], processes: int, peer_timeout: Optional[float] = None) -> int:
     """Run ``python -m millpond.run ARGV`` as ``processes`` local processes
-    of one cluster; return the exit status (0, or the first failure's)."""
+    of one cluster; return the exit status: 0, 128+N when the launcher got
+    signal N (forwarded to every process), else the first failure's.
+    ``peer_timeout`` defaults to ``MILLPOND_PEER_TIMEOUT`` (10 s)."""
+    if peer_timeout is None:
+        try:
+            peer_timeout = float(os.environ.get("MILLPOND_PEER_TIMEOUT", "") or 10.0)
+        except ValueError:
+            peer_timeout = 10.0
     addresses = ";".join(f"127.0.0.1:{p}" for p in free_ports(processes))
     procs: List[subprocess.Popen[bytes]] = []
     env = dict(os.environ)
@@ -56,7 +63,10 @@ def launch_local(argv: Sequence[str], processes: int, peer_timeout: float = 10.0
         procs.append(subprocess.Popen(cmd, env=env))
     logger.info("started %d processes on %s", processes, addresses)
 
+    signalled: List[int] = []
+
     def forward(signum: int, frame: object) -> None:
+        signalled.append(signum)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
@@ -64,7 +74,10 @@ def launch_local(argv: Sequence[str], processes: int, peer_timeout: float = 10.0
     old_int = signal.signal(signal.SIGINT, forward)
     old_term = signal.signal(signal.SIGTERM, forward)
     try:
-        return _wait_all(procs, peer_timeout)
+        status = _wait_all(procs, peer_timeout)
+        # Stopped on purpose: the processes may have ended in any order
+        # (one seeing another leave first), but the cluster was signalled.
+        return 128 + signalled[0] if signalled else status
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)

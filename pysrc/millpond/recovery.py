@@ -174,9 +174,11 @@ class RecoveryConfig:
             path = self.local_state_dir / "backup"
             # State is the owner's alone: every directory made here is 0700
             # (the umask can only narrow that).
+            # (exist_ok: the processes of a local cluster sharing one
+            # directory may make it at the same moment.)
             for d in reversed([path, *path.parents]):
                 if not d.exists():
-                    d.mkdir(mode=0o700)
+                    d.mkdir(mode=0o700, exist_ok=True)
             return backup_from_uri(str(path))
         if isinstance(self.backup, str):
             return backup_from_uri(self.backup)

@@ -383,7 +383,17 @@ class _Terminated(KeyboardInterrupt):
     """SIGTERM arrived: stop as Ctrl-C does, with status 143."""
 
 
+# Set by the SIGTERM handler: the core may have turned the same signal into
+# a KeyboardInterrupt of a call in flight before Python's handler ran, and
+# the handler may then raise while that one is being handled; either way
+# the status is 143.
+_TERMINATED: List[bool] = []
+
+
 def _terminate(signum: int, frame: object) -> None:
+    if _TERMINATED:
+        return
+    _TERMINATED.append(True)
     raise _Terminated()
 
 
@@ -466,10 +476,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # Ctrl-C and SIGTERM must stop a call into the core that waits on a
     # backend (checking the backup happens before the run itself starts).
     interrupts = CoreInterrupts()
+    _TERMINATED.clear()
     try:
-        return _main(argv, interrupts)
+        status = _main(argv, interrupts)
+    except _Terminated:
+        status = 143
+    except KeyboardInterrupt:
+        status = 130
     finally:
         interrupts.stop()
+    return 143 if _TERMINATED else status
 
 
 def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:

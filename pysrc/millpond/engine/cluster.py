@@ -108,7 +108,7 @@ def _secret_from_env() -> bytes:
 
 
 def _is_loopback(address: str) -> bool:
-    host = address.rsplit(":", 1)[0].strip("[]")
+    host = address.rsplit(":", 1)[0].strip("[]").lower()
     if host == "localhost":
         return True
     try:
@@ -148,14 +148,19 @@ class ClusterSettings:
             )
         seen: Dict[str, int] = {}
         for i, a in enumerate(self.addresses):
-            if a in seen:
-                raise ValueError(f"address {a} is given twice (processes {seen[a]} and {i}); every process needs its own")
-            seen[a] = i
+            # Host names are case-insensitive (as the core compares them).
+            folded = a.lower()
+            if folded in seen:
+                raise ValueError(
+                    f"address {a} is given twice (processes {seen[folded]} and {i}); every process needs its own"
+                )
+            seen[folded] = i
         if n > 1 and not self.secret:
             remote = [a for a in self.addresses if not _is_loopback(a)]
             if remote:
+                what = f"addresses {', '.join(remote)} are" if len(remote) > 1 else f"address {remote[0]} is"
                 raise ValueError(
-                    f"addresses {', '.join(remote)} are not loopback: set a cluster secret "
+                    f"{what} not loopback: set a cluster secret "
                     f"({SECRET_ENV} or {SECRET_FILE_ENV}) so processes can tell their peers from strangers"
                 )
 
