@@ -33,6 +33,7 @@ type Mesh struct {
 	wg       sync.WaitGroup // every goroutine of the mesh
 	srv      *grpc.Server
 	deadline time.Time // of Start
+	epoch    time.Time // origin of the peers' lastHeard (monotonic)
 
 	in        inbox
 	wake      chan struct{} // Wait's wake-up token

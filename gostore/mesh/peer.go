@@ -38,7 +38,7 @@ type peer struct {
 	outDone  chan struct{} // closed when the outbound stream's reader returned
 	sendDone chan struct{} // closed when the outbound stream's sender returned
 
-	lastHeard         atomic.Int64 // unix nanoseconds of the latest message from the peer
+	lastHeard         atomic.Int64 // when the latest message from the peer came, as time since m.epoch (monotonic)
 	left              atomic.Bool  // the peer said goodbye
 	framesIn, bytesIn atomic.Int64
 }
@@ -57,11 +57,12 @@ func newPeer(m *Mesh, index int) *peer {
 }
 
 // heard records a sign of life.
-func (p *peer) heard() { p.lastHeard.Store(time.Now().UnixNano()) }
+func (p *peer) heard() { p.lastHeard.Store(int64(time.Since(p.m.epoch))) }
 
-// silentFor is the time since the peer was last heard.
+// silentFor is the time since the peer was last heard. Both are read from
+// the monotonic clock: a wall-clock step does not make anyone silent.
 func (p *peer) silentFor(now time.Time) time.Duration {
-	return now.Sub(time.Unix(0, p.lastHeard.Load()))
+	return now.Sub(p.m.epoch) - time.Duration(p.lastHeard.Load())
 }
 
 // markLeft records the peer's goodbye: its streams may end without it

@@ -48,6 +48,7 @@ func newMesh(s *settings) *Mesh {
 		done:     make(chan struct{}),
 		finished: make(chan struct{}),
 	}
+	m.epoch = time.Now()
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.in.init(m.n, s.InboxLimit)
 	m.peers = make([]*peer, m.n)
