@@ -75,11 +75,13 @@ fuzz: gofuzz
 
 # pytest runs on PYTEST_WORKERS pytest-xdist workers (0: in this process).
 # Most tests wait on child processes, so two workers on two cores halve the
-# time. --dist loadgroup keeps a module whose tests share a module-scoped
-# fixture on one worker, and tests/conftest.py hands out the modules with
-# slow tests first (--no-loadscope-reorder keeps that order).
+# time. --dist loadfile hands out whole modules, so a module-scoped fixture
+# is made once and a module's tests never run at the same time; the
+# modules with slow tests go first (tests/conftest.py orders them,
+# --no-loadscope-reorder keeps that order). (--dist loadgroup would be
+# finer, but pytest-xdist 3.8 loses its groups under pytest 9.)
 PYTEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 pytest: ext
 	$(PYTEST) tests
