@@ -37,7 +37,7 @@ func (r *Run) collectGarbage(ctx context.Context) error {
 	}
 	cutoff := newest.Epoch - int64(r.cfg.RetainEpochs)
 	for _, o := range list {
-		e, ok := numberAfter(o.Key, commitsDir)
+		e, ok := recordNumber(o.Key, commitsDir)
 		if !ok || e == newest.Epoch {
 			continue
 		}

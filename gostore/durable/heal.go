@@ -41,7 +41,7 @@ func (r *Run) listFlow(ctx context.Context) (listing, error) {
 	l := listing{sizes: make(map[string]int64, len(objs)), newer: -1}
 	for _, o := range objs {
 		l.sizes[o.Key] = o.Size
-		if x, ok := numberAfter(o.Key, executionsDir); ok && x > r.execution && x > l.newer {
+		if x, ok := recordNumber(o.Key, executionsDir); ok && x > r.execution && x > l.newer {
 			l.newer = x
 		}
 	}
@@ -138,7 +138,7 @@ func (r *Run) dropBrokenRecords(ctx context.Context, lost []ObjectRef) error {
 		return backupFailed(fmt.Errorf("list commit records of flow %q in %s: %w", flow, b, err))
 	}
 	for _, c := range commits {
-		e, ok := numberAfter(c.Key, commitsDir)
+		e, ok := recordNumber(c.Key, commitsDir)
 		if !ok || e >= newest {
 			continue
 		}

@@ -133,7 +133,7 @@ func Verify(ctx context.Context, b backup.Backup, flow string, k Key) ([]Problem
 	var commitEpochs []int64
 	for _, o := range list {
 		sizes[o.Key] = o.Size
-		if e, ok := numberAfter(o.Key, commitsDir); ok {
+		if e, ok := recordNumber(o.Key, commitsDir); ok {
 			commitEpochs = append(commitEpochs, e)
 		}
 	}

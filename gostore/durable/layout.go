@@ -54,3 +54,20 @@ func numberAfter(key, dir string) (int64, bool) {
 	n, err := strconv.ParseInt(base[:end], 10, 64)
 	return n, err == nil
 }
+
+// recordNumber parses the number of a commit or execution record
+// ("<flow>/commits/0000000012.json" -> 12). Anything else under dir (a
+// backend's temp file left by a crash, "0000000012.json.tmp") is not a
+// record: taking it for one would read a record that does not exist.
+func recordNumber(key, dir string) (int64, bool) {
+	i := strings.Index(key, "/"+dir)
+	if i < 0 {
+		return 0, false
+	}
+	digits, ok := strings.CutSuffix(key[i+1+len(dir):], ".json")
+	if !ok || digits == "" || strings.Trim(digits, "0123456789") != "" {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(digits, 10, 64)
+	return n, err == nil
+}

@@ -60,7 +60,7 @@ func ReadState(ctx context.Context, b backup.Backup, flow string, k Key) (State,
 		return st, backupFailed(fmt.Errorf("list commit records of flow %q in %s: %w", flow, b, err))
 	}
 	for _, o := range commits {
-		if e, ok := numberAfter(o.Key, commitsDir); ok {
+		if e, ok := recordNumber(o.Key, commitsDir); ok {
 			st.CommitEpochs = append(st.CommitEpochs, e)
 		}
 	}
@@ -80,7 +80,7 @@ func ReadState(ctx context.Context, b backup.Backup, flow string, k Key) (State,
 		return st, backupFailed(fmt.Errorf("list execution records of flow %q in %s: %w", flow, b, err))
 	}
 	for _, o := range execs {
-		if x, ok := numberAfter(o.Key, executionsDir); ok && x > st.LastExecution {
+		if x, ok := recordNumber(o.Key, executionsDir); ok && x > st.LastExecution {
 			st.LastExecution = x
 		}
 	}
