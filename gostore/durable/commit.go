@@ -296,17 +296,13 @@ func (r *Run) Committed() int64 {
 	return r.committed
 }
 
-// maxCheckpointHold bounds how long waitCommitsIdle holds a local store's
-// checkpoint back.
-const maxCheckpointHold = time.Second
-
 // waitCommitsIdle returns once no closed epoch is waiting for its commit,
-// or after maxCheckpointHold. Local stores call it before a background
+// or after Config.CheckpointHold. Local stores call it before a background
 // checkpoint: the checkpoint's fsyncs, running while a segment was sealed
 // and linked into a DirBackup, made the segment's own fsyncs wait behind
 // them.
 func (r *Run) waitCommitsIdle() {
-	deadline := time.Now().Add(maxCheckpointHold)
+	deadline := time.Now().Add(r.cfg.CheckpointHold)
 	for {
 		r.mu.Lock()
 		busy := r.err == nil && !r.stopped && r.commitPendingLocked()

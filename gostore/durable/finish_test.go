@@ -124,7 +124,12 @@ func TestLocalCheckpointsWaitForTheCommit(t *testing.T) {
 	ctx := context.Background()
 	h := newHarness(t)
 	bb := &blockingBackup{Backup: h.bk, gate: make(chan struct{})}
-	run, _ := h.open(h.config(1, func(c *durable.Config) { c.Backup = bb }))
+	run, _ := h.open(h.config(1, func(c *durable.Config) {
+		c.Backup = bb
+		// Held for as long as the test needs, however loaded the machine:
+		// the default hold (1s) let the checkpoint run before the check.
+		c.CheckpointHold = time.Minute
+	}))
 	rows := make([]rowbatch.Row, 4000)
 	for i := range rows {
 		rows[i] = rowbatch.Row{StepID: "s", Key: fmt.Sprintf("k%06d", i), Value: make([]byte, 300)}

@@ -91,6 +91,10 @@ type Config struct {
 	// in place, which costs less than a new file for a small state.
 	// Default 1024.
 	GenerationMinRows int
+	// CheckpointHold bounds how long a local store's background checkpoint
+	// waits for epochs closed but not committed (waitCommitsIdle).
+	// Default 1s.
+	CheckpointHold time.Duration
 	// Key, when set, authenticates every commit and execution record
 	// (seal.go): a record it did not seal is refused before anything it
 	// names is read. Nil seals with a plain SHA-256 (integrity only).
@@ -166,6 +170,9 @@ func (c *Config) defaults() error {
 	}
 	if c.UploadAttempts <= 0 {
 		c.UploadAttempts = 5
+	}
+	if c.CheckpointHold <= 0 {
+		c.CheckpointHold = time.Second
 	}
 	if c.GenerationMinRows <= 0 {
 		c.GenerationMinRows = 1024
