@@ -278,7 +278,7 @@ func TestBackPressure(t *testing.T) {
 		}
 	}()
 	require.Eventually(t, func() bool { return closed.Load() == 2 }, waitFor, tick)
-	time.Sleep(150 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond)
 	assert.Equal(t, int64(2), closed.Load(), "CloseEpoch of epoch 3 must wait while epochs 1 and 2 are in flight")
 	assert.Equal(t, int64(0), run.Committed())
 	assert.Positive(t, bb.waiting.Load())
