@@ -289,7 +289,7 @@ sys.exit(millpond.run.main(sys.argv[3:]))
 '''
 
 RACE_LINES = 200
-RACE_FIRST_DELAY = 0.3
+RACE_FIRST_DELAY = 1.0  # 0.3 s was too short on a loaded machine (one racer resumed another's commit)
 RACE_PROCS = 3
 
 
