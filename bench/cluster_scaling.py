@@ -591,11 +591,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="comma-separated subset of cpu, wordcount, exchange (default all)")
     ap.add_argument("--no-bytewax", action="store_true", help="skip the Bytewax runs")
     ap.add_argument("--no-recovery", action="store_true", help="skip the recovery-on runs")
-    ap.add_argument("--cpu-items", type=int, help="items of the cpu flow (default 400,000)")
+    ap.add_argument("--cpu-items", type=int, help="items of the cpu flow (default 800,000)")
     ap.add_argument("--words", type=int, help="words of the word count (default 4,000,000)")
     ap.add_argument("--keys", type=int, default=100_000, help="distinct words (default 100,000)")
-    ap.add_argument("--exchange-items", type=int, help="items per exchange run at 100 bytes (default 10,000,000; "
-                    "a tenth of it at 1000 bytes)")
+    ap.add_argument("--exchange-items", type=int, help="items per exchange run at 100 bytes (default 20,000,000; "
+                    "a fifth of it at 1000 bytes)")
     ap.add_argument("--target-us", type=float, default=TARGET_US, help="per-item work of the cpu flow (µs)")
     ap.add_argument("--iters", type=int, help="loop count of the cpu flow's work instead of the calibrated one")
     ap.add_argument("--bytewax-venv", type=Path, default=BW_VENV_DEFAULT)
@@ -619,14 +619,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     bad = only - {"cpu", "wordcount", "exchange"}
     if bad:
         ap.error(f"--only: unknown {', '.join(sorted(bad))}")
-    n_cpu = args.cpu_items or (40_000 if quick else 400_000)
+    n_cpu = args.cpu_items or (40_000 if quick else 800_000)
     n_words = args.words or (200_000 if quick else 4_000_000)
     n_keys = min(args.keys, 20_000) if quick and args.keys == 100_000 else args.keys
-    n_x100 = args.exchange_items or (1_000_000 if quick else 10_000_000)
+    n_x100 = args.exchange_items or (1_000_000 if quick else 20_000_000)
     n_cpu = n_cpu // 4 * 4  # 4 files of equal length
     # Whole batches, as many on either worker of two.
     xsizes = [(100, max(1, n_x100 // (2 * BATCH)) * 2 * BATCH),
-              (1000, max(1, n_x100 // (20 * BATCH)) * 2 * BATCH)]
+              (1000, max(1, n_x100 // (10 * BATCH)) * 2 * BATCH)]
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
 
