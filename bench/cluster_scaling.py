@@ -25,8 +25,17 @@ would, each run a fresh cluster with ``-w 1 -s 1``:
    half of every batch is pickled and crosses. The figures of the
    transport are read from the run log: per peer
    ``process A -> process B (...): X batches / Y bytes out, ...`` and the
-   leader's ``process 0: epoch decisions {json}`` (epoch-close and settle
-   latency p50/p99).
+   leader's epoch decisions (epoch-close and settle latency p50/p99; the
+   line ``process 0: N epoch decisions in W waves; ...`` in seconds, or the
+   older ``process 0: epoch decisions {json}`` in ns).
+
+The machine is shared and has 2 cores: before each run the script waits
+(``--calm-wait``) until the rest of the machine uses under ``--calm``
+cores, measures per run the cores its processes used and those the rest
+used (``/proc/stat``), and runs a pair again (``--retries``) when the rest
+took more than ``--max-others`` cores during it. CPU µs per item (all the
+run's processes) is printed as well: unlike items/s it hardly moves when
+the machine is shared.
 
 Every sink partition prints one line when it closes (``BENCH pid=...
 items=... built=... first=... closed=...``, wall-clock times), so each run
@@ -37,7 +46,7 @@ first sink partition built to the last one closed: the processing itself).
 ``startup`` is spawn to the first partition built, ``tail`` the last close
 to the last exit.
 
-    python bench/cluster_scaling.py                    # 3 rounds, ~10 minutes
+    python bench/cluster_scaling.py                    # 3 rounds, ~13 minutes on a calm machine
     python bench/cluster_scaling.py --rounds 5 --json /tmp/cs.json
     python bench/cluster_scaling.py --quick            # a short smoke run
     python bench/cluster_scaling.py --only cpu,exchange --no-bytewax
@@ -586,7 +595,7 @@ def print_run(rnd_i: int, label: str, r: Dict[str, Any]) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 3; 1 with --quick)")
-    ap.add_argument("--quick", action="store_true", help="small inputs, 1 round: a smoke run of a minute or two")
+    ap.add_argument("--quick", action="store_true", help="small inputs, 1 round: a smoke run of about a minute (startup dominates its figures)")
     ap.add_argument("--only", default="cpu,wordcount,exchange",
                     help="comma-separated subset of cpu, wordcount, exchange (default all)")
     ap.add_argument("--no-bytewax", action="store_true", help="skip the Bytewax runs")
