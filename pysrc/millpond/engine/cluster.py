@@ -28,7 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Deque, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
-from millpond.engine.exchange import Message
+from millpond.engine.exchange import Message, take_all
 from millpond.engine.interrupts import CoreInterrupts
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -365,11 +365,7 @@ class ClusterExchange:
 
     def receive(self, worker: int) -> List[Message]:
         self._pull()
-        box = self._inboxes[worker]
-        if not box:
-            return []
-        out = list(box)
-        box.clear()
+        out = take_all(self._inboxes[worker])
         self._received += len(out)
         return out
 

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Deque, List, Protocol, Tuple
 
-__all__ = ["Message", "Exchange", "LocalExchange"]
+__all__ = ["Message", "Exchange", "LocalExchange", "take_all"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,15 @@ class Exchange(Protocol):
         """True while sources should wait for sent batches to drain."""
 
 
+def take_all(box: Deque[Message]) -> List[Message]:
+    """Empty ``box``, returning what it held, oldest first."""
+    if not box:
+        return []
+    out = list(box)
+    box.clear()
+    return out
+
+
 class LocalExchange:
     """In-process exchange between ``worker_count`` cooperative workers."""
 
@@ -65,11 +74,7 @@ class LocalExchange:
         self._sent += 1
 
     def receive(self, worker: int) -> List[Message]:
-        box = self._inboxes[worker]
-        if not box:
-            return []
-        out = list(box)
-        box.clear()
+        out = take_all(self._inboxes[worker])
         self._received += len(out)
         return out
 
