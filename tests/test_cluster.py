@@ -430,3 +430,31 @@ def test_run_log_has_per_peer_traffic(tmp_path: Path) -> None:
         assert abs(out_b - in_b) <= 4 and abs(out_bytes - in_bytes) <= 512, (
             f"process {i} sent {out_b} batches / {out_bytes} bytes to {j}, which got {in_b} / {in_bytes}"
         )
+
+
+class _FakeProc:
+    """A child whose exit shows at a given poll (counted across every child,
+    as the launcher polls them in turn)."""
+
+    def __init__(self, clock: List[int], exits_at: int, code: int) -> None:
+        self.clock, self.exits_at, self.code = clock, exits_at, code
+        self.returncode = None
+
+    def poll(self):
+        self.clock[0] += 1
+        if self.returncode is None and self.clock[0] > self.exits_at:
+            self.returncode = self.code
+        return self.returncode
+
+
+@pytest.mark.parametrize("killed", [0, 1, 2])
+def test_launcher_reports_the_killed_process_not_the_ones_that_lost_it(killed: int) -> None:
+    """One child is SIGKILLed; the others exit 1 right after. Whichever
+    child the launcher happens to look at first, it exits 128 + 9."""
+    from millpond.launch import _wait_all
+
+    clock = [0]
+    # The killed child dies at poll 2; the others exit 1 right after it,
+    # before the launcher has looked at every child once more.
+    procs = [_FakeProc(clock, 2 if i == killed else 3, -9 if i == killed else 1) for i in range(3)]
+    assert _wait_all(procs, peer_timeout=1.0) == 128 + 9  # type: ignore[arg-type]

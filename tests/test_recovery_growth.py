@@ -171,8 +171,11 @@ def test_local_store_stays_bounded_while_running(growth):
     # The checkpoint policy lets the WAL reach about the size of the file
     # before the writer folds it back itself, and the writes around that
     # moment (an epoch's pages, a GC round, a fold of the write buffer) come
-    # on top; in a clean-clone run the peak was 3.1x a fresh store. A WAL
-    # that is never checkpointed holds every epoch's pages: over 50x here.
+    # on top; in a clean-clone run the peak was 3.1x a fresh store. While a
+    # checkpoint copies (slow when the disk is shared) the writer cannot
+    # truncate, so the WAL grows by what is written meanwhile: 8.3x in a CI
+    # run with three test lanes at once. A WAL that is never checkpointed
+    # holds every epoch's pages: 170x here.
     wal = growth["files"].get("local:grow/worker-N/store.sqlite-wal", 0)
     unbounded = EPOCHS * CHANGED * PAGE // 2
-    assert wal <= 8 * growth["fresh_local_bytes"] < unbounded, (wal, growth["fresh_local_bytes"], unbounded)
+    assert wal <= 16 * growth["fresh_local_bytes"] < unbounded // 4, (wal, growth["fresh_local_bytes"], unbounded)

@@ -216,7 +216,9 @@ func TestAFailureReachesEveryPeerWithItsCause(t *testing.T) {
 	require.ErrorIs(t, ms[2].Err(), ErrProtocol)
 	var lost *PeerLostError
 	require.ErrorAs(t, ms[1].Err(), &lost)
-	assert.Equal(t, 2, lost.Peer)
+	// From process 2 itself, or relayed by process 0 (which learns of it
+	// first and can reach process 1 first): either way the cause is named.
+	assert.Contains(t, []int{0, 2}, lost.Peer)
 	assert.Contains(t, lost.Reason, "it stopped: process 0 ("+ms[0].Address(0)+") broke the cluster protocol: sent a control frame of kind 99")
 	assert.True(t, errors.Is(ms[0].Err(), ErrPeerLost))
 }

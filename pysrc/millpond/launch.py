@@ -92,10 +92,17 @@ def _wait_all(procs: List["subprocess.Popen[bytes]"], peer_timeout: float) -> in
     failed_at: Optional[float] = None
     while True:
         running = [p for p in procs if p.poll() is None]
-        for p in procs:
-            code = p.returncode
-            if code is not None and code != 0 and status == 0:
-                status = code if code > 0 else 128 - code
+        if status == 0 and any(p.returncode for p in procs):
+            # A process killed by a signal is the cause; the others exit 1
+            # within milliseconds of losing it, often before this loop
+            # looks again. Polling everyone once more, after a failure was
+            # seen, sees every death that came before it, and among the
+            # failures seen together the signal wins.
+            for p in procs:
+                p.poll()
+            codes = sorted((p.returncode for p in procs if p.returncode), key=lambda c: c > 0)
+            if codes:
+                status = codes[0] if codes[0] > 0 else 128 - codes[0]
                 failed_at = time.monotonic()
         if not running:
             return status
