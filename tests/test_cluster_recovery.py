@@ -20,6 +20,7 @@ every output line ``word n`` must appear exactly once.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -144,6 +145,43 @@ def _kill_trial(tmp_path: Path, seed: int, sig: int = signal.SIGKILL) -> None:
         f"seed {seed}: signal {sig} to process {victim}, committed epoch {committed}; the rerun's output is "
         f"not exactly-once:\n{problem}"
     )
+
+
+def _compacted_in_newest_record(backup: Path) -> bool:
+    epochs = committed_epochs_dir(backup, FLOW_ID)
+    if not epochs:
+        return False
+    try:
+        rec = json.loads((backup / FLOW_ID / "commits" / f"{epochs[-1]:010d}.json").read_text())
+    except (OSError, ValueError):  # replaced meanwhile
+        return False
+    return any(o["kind"] == "compacted" and o["first_epoch"] == o["last_epoch"] > 1 for o in rec["objects"])
+
+
+def test_whole_state_epochs_across_processes_then_sigkill(tmp_path: Path) -> None:
+    """A word count over twelve words touches most of them every epoch:
+    each worker snapshots its whole state, and process 0 commits epochs
+    whole on every worker of both processes as compacted state (a segment
+    of one epoch named compacted in the record: no compaction pass wrote
+    it). SIGKILL a follower mid-run; the rerun is exactly-once."""
+    d = make_run_dir(tmp_path / "run", files=4, lines=500, vocab=12, worker_counts=(4,))
+    backup = d / "backup"
+
+    def args(i: int) -> List[str]:
+        return ["-s", EPOCH, "-d", f"state/p{i}", "-b", "backup"]
+
+    with Cluster(tmp_path / "logs") as cluster:
+        procs = start_processes(cluster, d, IMPORT, 2, 2, args, ENV)
+        wait_until(lambda: _compacted_in_newest_record(backup), 60, procs, "a whole-state epoch's commit")
+        assert all(p.poll() is None for p in procs), "a process ended before the kill\n" + cluster.describe()
+        cluster.kill(procs[1])
+        cluster.wait([procs[0]], PEER_TIMEOUT + SLACK + 30)
+    committed = _newest_dir(backup)()
+    results = run_cluster(d, tmp_path / "logs-rerun", IMPORT, 2, 2, "ia", args, ENV, timeout=90)
+    assert_all_ok(results)
+    _check_resumed(results, committed + 1)
+    problem = diff_outputs(read_outputs(d), expected_wordcount(d))
+    assert not problem, f"committed epoch {committed}; the rerun's output is not exactly-once:\n{problem}"
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

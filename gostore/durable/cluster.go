@@ -87,6 +87,10 @@ type clusterMsg struct {
 	// uploaded, compact, compacted, compact_failed, finish, finished
 	Epoch   int64       `json:"epoch,omitempty"`
 	Objects []ObjectRef `json:"objects,omitempty"`
+	// uploaded: the sender's workers whose batch of the epoch was their
+	// whole state (whole.go), and those of them that cut no segment.
+	Whole []int `json:"whole,omitempty"`
+	Bare  []int `json:"bare,omitempty"`
 	// committed
 	Record *CommitRecord `json:"record,omitempty"`
 	// compact, compacted, compact_failed

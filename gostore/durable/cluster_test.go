@@ -635,43 +635,130 @@ func TestClusterHealsLostObjects(t *testing.T) {
 	requireModel(t, h.hist.at[5], readBack(t, h.bk, h.kgc))
 }
 
-// In a cluster a whole batch is written as a plain one: its deletions are
-// kept, and its epoch is not promoted to compacted state.
-func TestClusterWholeBatchIsPlain(t *testing.T) {
-	h := newClusterHarness(t)
-	ctx := context.Background()
-	// Every whole batch starts a new generation of the local store, which
-	// replaces the old one once a follower learns its epoch committed.
-	generations := func(c *durable.Config) { c.GenerationMinRows = 1 }
-	procs, _ := h.start(2, 1, false, generations)
-	var keys []string
-	for i := range 40 {
-		keys = append(keys, fmt.Sprintf("k%02d", i))
+// In a cluster an epoch whose batch is whole on every worker of every
+// process is promoted to compacted state by the leader, from the marks the
+// followers report; its deletions stay in the segments (whether the epoch
+// is whole on every worker is known only after they are cut), and a
+// restore or a resume never brings a deleted key back. One worker whose
+// batch is not whole keeps the epoch plain.
+func TestClusterWholeEpoch(t *testing.T) {
+	cases := []struct {
+		name string
+		// plain is the worker whose batch of epoch 2 is not whole (-1: none).
+		plain int
+		// gone is the worker whose keys epoch 2 deletes, all of them (its
+		// segment holds only deletions); empty the worker that never held
+		// a key (its whole batch is empty: it cuts no segment). -1: none.
+		gone, empty int
+		promoted    bool
+	}{
+		{name: "every worker whole", plain: -1, gone: -1, empty: -1, promoted: true},
+		{name: "a follower's worker not whole", plain: 3, gone: -1, empty: -1, promoted: false},
+		{name: "a leader's worker not whole", plain: 0, gone: -1, empty: -1, promoted: false},
+		{name: "a follower's worker deletes every key", plain: -1, gone: 2, empty: -1, promoted: true},
+		{name: "a follower's worker without keys", plain: -1, gone: -1, empty: 3, promoted: true},
 	}
-	h.mustEpochs(procs, 1, 1, func(int64) []rowbatch.Row { return rowsOf(keys, "one", false) })
-	// Epoch 2: each worker's whole state, the first ten keys deleted.
-	rows := append(rowsOf(keys[10:], "two", false), rowsOf(keys[:10], "", true)...)
-	h.m.apply(rows)
-	h.hist.record(2, h.m)
-	parts := route(rows, 2, h.kgc)
-	errs := parallel(2, func(p int) error {
-		if _, err := procs[p].run.Write(ctx, p, rowbatch.NewBatch(2, parts[p], true)); err != nil {
-			return err
-		}
-		return procs[p].run.CloseEpoch(p, 2)
-	})
-	require.NoError(t, errors.Join(errs...))
-	h.finish(procs)
-	assert.Zero(t, procs[0].run.Metrics().WholeEpochs)
-	st := readState(t, h.bk)
-	for _, o := range st.Commit.Objects {
-		assert.Equal(t, durable.KindSegment, o.Kind, o.Key)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := newClusterHarness(t)
+			ctx := context.Background()
+			// Every whole batch starts a new generation of the local
+			// store, which replaces the old one once a follower learns
+			// its epoch committed.
+			generations := func(c *durable.Config) { c.GenerationMinRows = 1 }
+			procs, _ := h.start(2, 2, false, generations)
+			var all, keys []string
+			for i := range 60 {
+				all = append(all, fmt.Sprintf("k%02d", i))
+			}
+			owned := func(w int) map[string]bool {
+				own := map[string]bool{}
+				for _, r := range route(rowsOf(all, "", false), 4, h.kgc)[w] {
+					own[r.Key] = true
+				}
+				require.NotEmpty(t, own)
+				return own
+			}
+			skip := map[string]bool{}
+			if c.empty >= 0 {
+				skip = owned(c.empty)
+			}
+			for _, k := range all {
+				if !skip[k] {
+					keys = append(keys, k)
+				}
+			}
+			h.mustEpochs(procs, 1, 1, func(int64) []rowbatch.Row { return rowsOf(keys, "one", false) })
+			// Epoch 2: each worker's whole state, the first ten keys
+			// deleted, and every key of the gone worker.
+			del := map[string]bool{}
+			for _, k := range keys[:10] {
+				del[k] = true
+			}
+			if c.gone >= 0 {
+				for k := range owned(c.gone) {
+					del[k] = true
+				}
+			}
+			var rows []rowbatch.Row
+			for _, k := range keys {
+				if del[k] {
+					rows = append(rows, rowsOf([]string{k}, "", true)...)
+				} else {
+					rows = append(rows, rowsOf([]string{k}, "two", false)...)
+				}
+			}
+			parts := route(rows, 4, h.kgc)
+			h.m.apply(rows)
+			h.hist.record(2, h.m)
+			errs := parallel(2, func(p int) error {
+				for w := 2 * p; w < 2*p+2; w++ {
+					if _, err := procs[p].run.Write(ctx, w, rowbatch.NewBatch(2, parts[w], w != c.plain)); err != nil {
+						return err
+					}
+				}
+				for w := 2 * p; w < 2*p+2; w++ {
+					if err := procs[p].run.CloseEpoch(w, 2); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			require.NoError(t, errors.Join(errs...))
+			h.mustEpochs(procs, 3, 3, func(int64) []rowbatch.Row { return rowsOf(keys[20:30], "three", false) })
+			h.finish(procs)
+			st := readState(t, h.bk)
+			compacted := 0
+			for _, o := range st.Commit.Objects {
+				if o.Kind == durable.KindCompacted {
+					compacted++
+					assert.Equal(t, int64(2), o.LastEpoch, o.Key)
+				} else if c.promoted {
+					assert.Equal(t, int64(3), o.FirstEpoch, "only epoch 3 is left a segment: %s", o.Key)
+				}
+			}
+			if c.promoted {
+				assert.Equal(t, int64(1), procs[0].run.Metrics().WholeEpochs)
+				want := 4
+				if c.empty >= 0 {
+					want = 3
+				}
+				assert.Equal(t, want, compacted)
+			} else {
+				assert.Zero(t, procs[0].run.Metrics().WholeEpochs)
+				assert.Zero(t, compacted)
+			}
+			requireModel(t, h.hist.at[3], readBack(t, h.bk, h.kgc))
+			// A fast resume, and a full one on one process of three workers.
+			procs, _ = h.start(2, 2, false, generations)
+			assert.Equal(t, []string{durable.ResumeFast, durable.ResumeFast}, kinds(procs[1].infos))
+			requireModel(t, h.hist.at[3], clusterState(t, procs, h.kgc))
+			h.finish(procs)
+			procs, _ = h.start(1, 3, false)
+			requireModel(t, h.hist.at[3], clusterState(t, procs, h.kgc))
+			h.finish(procs)
+		})
 	}
-	requireModel(t, h.hist.at[2], readBack(t, h.bk, h.kgc))
-	procs, _ = h.start(2, 1, false, generations)
-	assert.Equal(t, []string{durable.ResumeFast}, kinds(procs[1].infos))
-	requireModel(t, h.hist.at[2], clusterState(t, procs, h.kgc))
-	h.finish(procs)
 }
 
 // The agreement at start: a follower refuses another committed epoch,
@@ -797,6 +884,23 @@ func TestClusterRefusesBadMessages(t *testing.T) {
 			assert.Error(t, errs[1])
 		})
 	}
+}
+
+// The leader refuses a follower's report that marks another process's
+// worker whole: promoting the epoch on it could drop that worker's state.
+func TestClusterRefusesForeignWholeMarks(t *testing.T) {
+	h := newClusterHarness(t)
+	procs, net := h.start(2, 1, false)
+	h.mustEpochs(procs, 1, 1, updatesGen(40, 1, false))
+	require.Eventually(t, func() bool { return procs[0].run.Committed() == 1 }, waitFor, tick)
+	net.inject(1, 0, []byte(`{"v":1,"type":"uploaded","execution":0,"epoch":2,"whole":[0,1]}`))
+	require.Eventually(t, func() bool { return procs[0].run.Err() != nil }, waitFor, tick)
+	assert.Contains(t, procs[0].run.Err().Error(), "process 1 (workers 1..1) marked worker 0's batch of epoch 2 whole")
+	assert.ErrorIs(t, procs[0].run.Err(), durable.ErrCluster)
+	errs := parallel(2, func(p int) error { return procs[p].run.Finish(false) })
+	assert.Error(t, errs[0])
+	assert.Error(t, errs[1])
+	assert.Equal(t, int64(1), readState(t, h.bk).Commit.Epoch)
 }
 
 // A cluster of one process is a run of its own that speaks the protocol

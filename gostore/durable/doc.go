@@ -66,9 +66,13 @@
 //     and sends every record it writes as `committed`: a follower applies
 //     it as a commit of its own (committed epoch, local stores told, local
 //     GC, back-pressure in CloseEpoch).
-//   - Whole-state epochs are off: a whole batch is written as a plain one
-//     (deletions kept, never promoted to compacted state; the local store
-//     still takes it as a new generation).
+//   - Whole-state epochs: a follower's `uploaded` names its workers whose
+//     batch of the epoch was whole (and those that cut no segment); the
+//     leader promotes an epoch whole on every worker of every process to
+//     compacted state, as a run of its own does. A whole batch keeps its
+//     deletions (they are cut before the leader knows; compacted state
+//     skips them), and no segment copy is staged for the local store,
+//     which writes the new generation's rows itself.
 //   - Compaction and heal: the leader alone decides. It sends `compact`
 //     (epoch, heal, variant, round) and compacts its own workers; each
 //     follower compacts its workers at that committed epoch (it has the

@@ -31,9 +31,12 @@ func (r *Run) reportUploads() {
 			r.mu.Unlock()
 			return
 		}
-		objs := append([]ObjectRef(nil), es.objects...)
+		m := clusterMsg{
+			Type: msgUploaded, Epoch: e, Objects: append([]ObjectRef(nil), es.objects...),
+			Whole: marked(es.whole, r.cfg.FirstWorker, r.cfg.Workers), Bare: marked(es.bare, r.cfg.FirstWorker, r.cfg.Workers),
+		}
 		r.mu.Unlock()
-		if err := r.send(0, clusterMsg{Type: msgUploaded, Epoch: e, Objects: objs}); err != nil {
+		if err := r.send(0, m); err != nil {
 			r.fail(err)
 			return
 		}

@@ -131,6 +131,12 @@ func (r *Run) onUploaded(p int, m clusterMsg) error {
 	es := r.epochLocked(m.Epoch)
 	es.closed += pe.workers
 	es.objects = append(es.objects, m.Objects...)
+	for _, w := range m.Whole {
+		es.markWhole(w)
+	}
+	for _, w := range m.Bare {
+		es.markBare(w)
+	}
 	pe.reported = m.Epoch
 	r.metrics.RemoteUploads++
 	r.metrics.RemoteSegments += int64(len(m.Objects))
@@ -146,6 +152,12 @@ func (r *Run) onUploaded(p int, m clusterMsg) error {
 // checkRemote checks the objects follower p names in m: of this flow and
 // execution, of kind, of p's workers and of m's epoch.
 func (r *Run) checkRemote(p int, pe peer, m clusterMsg, kind string) error {
+	for _, w := range append(append([]int(nil), m.Whole...), m.Bare...) {
+		if w < pe.first || w >= pe.first+pe.workers {
+			return fmt.Errorf("%w: process %d (workers %d..%d) marked worker %d's batch of epoch %d whole",
+				ErrCluster, p, pe.first, pe.first+pe.workers-1, w, m.Epoch)
+		}
+	}
 	for _, o := range m.Objects {
 		bad := ""
 		switch {

@@ -35,15 +35,20 @@ type handoff struct {
 // have the store write the rows a second time. It returns the rows to cut
 // into the segment and the staging channel for the store, if any.
 //
-// In cluster mode a whole batch is written as a plain one: its deletions
-// are kept and its epoch is never promoted to compacted state, which would
-// need every process to agree on every worker's batch being whole. (The
-// local store still takes it as a new generation.)
+// In cluster mode whether every worker's batch of the epoch is whole is
+// known only to the leader, once every process reported the epoch
+// uploaded (with its workers' marks, follower.go), long after this worker
+// cut its segment: the deletions stay in the segment, which a plain epoch
+// needs and compacted state does without (a restore and a compaction skip
+// them). A worker whose whole batch is empty cuts no segment: it is bare.
 func (r *Run) takeWhole(w int, b rowbatch.Batch) ([]rowbatch.Row, <-chan string, error) {
+	r.markWhole(w, b.Epoch)
 	if r.clustered() {
+		if len(b.Rows) == 0 {
+			r.markBare(w, b.Epoch)
+		}
 		return b.Rows, nil, nil
 	}
-	r.markWhole(w, b.Epoch)
 	if r.cfg.Mode != SnapshotBatch {
 		return b.Rows, nil, nil
 	}
@@ -152,12 +157,35 @@ func (r *Run) releaseHeld(w int, epoch int64) *heldDeletions {
 	}
 	h.batch.Release()
 	if h.live == 0 {
-		if es.bare == nil {
-			es.bare = map[int]bool{}
-		}
-		es.bare[w] = true
+		es.markBare(w)
 	}
 	return nil
+}
+
+// markBare records that worker w's whole batch of epoch cuts no segment.
+func (r *Run) markBare(w int, epoch int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.epochLocked(epoch).markBare(w)
+}
+
+func (es *epochState) markBare(w int) {
+	if es.bare == nil {
+		es.bare = map[int]bool{}
+	}
+	es.bare[w] = true
+}
+
+// marked returns the workers of marks (whole or bare) in [first,
+// first+n), in order: what a follower reports of its own workers.
+func marked(marks map[int]bool, first, n int) []int {
+	var out []int
+	for w := first; w < first+n; w++ {
+		if marks[w] {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // markWhole records that the rows worker w wrote at epoch are its whole
@@ -168,7 +196,10 @@ func (r *Run) releaseHeld(w int, epoch int64) *heldDeletions {
 func (r *Run) markWhole(w int, epoch int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	es := r.epochLocked(epoch)
+	r.epochLocked(epoch).markWhole(w)
+}
+
+func (es *epochState) markWhole(w int) {
 	if es.whole == nil {
 		es.whole = map[int]bool{}
 	}

@@ -66,7 +66,6 @@ class RecoveryRun:
         self._backup_handle, self._owns_backup = core_handle_for(self._backup)
         self._handle: Optional[int] = None
         self._stores: dict[int, StateStore] = {}
-        self._cluster = node is not None
         # The epoch each worker last snapshotted (snapshot_epoch).
         self._snapshotted = {w: 0 for w in self.hosted}
         self.restores: list[dict[str, Any]] = []
@@ -139,10 +138,7 @@ class RecoveryRun:
             store_handle, self.flow_id, w, self.worker_count, self.key_group_count, self.resume_epoch,
             self.config.local_state_dir / self.flow_id / f"worker-{w:04d}" / "store.sqlite",
         )
-        if not self._immediate and not self._cluster:
-            # A whole-state epoch is promoted to compacted state only in a
-            # one-process run (across processes it is written as a plain
-            # epoch, and snapshotting every key would only cost time).
+        if not self._immediate:
             store.whole_from = WHOLE_FROM
         return store
 
