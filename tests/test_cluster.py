@@ -279,6 +279,22 @@ def test_process_id_out_of_range(tmp_path: Path) -> None:
     assert res.returncode == 2
 
 
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_process_id_auto_from_the_host_name(tmp_path: Path, how: str) -> None:
+    """``-i auto`` (or MILLPOND_PROCESS_ID=auto) reads the StatefulSet
+    ordinal at the end of HOSTNAME: pod ``mp-5`` is process 5 (out of range
+    for two addresses, which shows the 5 was read); a host name without
+    one is refused, naming it."""
+    a = ";".join(addresses(2))
+    argv = ["-i", "auto", "-a", a] if how == "flag" else ["-a", a]
+    extra = {} if how == "flag" else {"MILLPOND_PROCESS_ID": "auto"}
+    res = _one(tmp_path / "five", argv, {**FAIL_ENV, **extra, "HOSTNAME": "mp-5"})
+    _refused(res, "-i/--process-id 5", "out of range")
+    res = _one(tmp_path / "none", argv, {**FAIL_ENV, **extra, "HOSTNAME": "worker"})
+    _refused(res, "'worker'", "trailing ordinal")
+    assert res.returncode == 2
+
+
 def test_duplicate_addresses(tmp_path: Path) -> None:
     [a] = addresses(1)
     res = _one(tmp_path, ["-i", "0", "-a", f"{a};{a}"])

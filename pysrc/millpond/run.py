@@ -16,7 +16,8 @@ flag                                    environment variable             meaning
 ======================================  ===============================  =========================================
 ``-w/--workers-per-process N``          ``MILLPOND_WORKERS_PER_PROCESS``  workers in this process; they take turns
                                                                          on one thread and split the keys
-``-i/--process-id I``                   ``MILLPOND_PROCESS_ID``           this process's index in ``--addresses``
+``-i/--process-id I|auto``              ``MILLPOND_PROCESS_ID``           this process's index in ``--addresses``;
+                                                                         ``auto``: the host name's trailing ordinal
 ``-a/--addresses "h:p;h:p"``            ``MILLPOND_ADDRESSES``            every process of the cluster
 ``-p/--processes N``                    ``MILLPOND_PROCESSES``            start N local processes as one cluster
                                                                          (127.0.0.1, free ports)
@@ -50,6 +51,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -173,6 +175,21 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _process_id(text: str) -> int:
+    """An index, or ``auto``: the trailing ordinal of the host name, as a
+    Kubernetes StatefulSet names its pods (``millpond-2`` is process 2)."""
+    if text.strip().lower() != "auto":
+        return _non_negative_int(text)
+    host = os.environ.get("HOSTNAME", "").strip() or socket.gethostname()
+    m = re.search(r"-(\d+)$", host)
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"auto takes the process id from the host name's trailing ordinal, as a StatefulSet names its pods "
+            f"(millpond-2 is process 2), but the host name is {host!r}; give the index instead"
+        )
+    return int(m.group(1))
+
+
 def _seconds(text: str) -> timedelta:
     try:
         value = float(text)
@@ -231,7 +248,7 @@ def _nonempty(text: str) -> str:
 # (dest, env var, converter) for every option that an environment variable can set.
 _ENV: List[Tuple[str, str, Callable[[str], Any]]] = [
     ("workers_per_process", "MILLPOND_WORKERS_PER_PROCESS", _positive_int),
-    ("process_id", "MILLPOND_PROCESS_ID", _non_negative_int),
+    ("process_id", "MILLPOND_PROCESS_ID", _process_id),
     ("addresses", "MILLPOND_ADDRESSES", _addresses),
     ("processes", "MILLPOND_PROCESSES", _positive_int),
     ("epoch_interval", "MILLPOND_EPOCH_INTERVAL", _seconds),
@@ -335,8 +352,9 @@ def _build_parser() -> _Parser:
         "between them [env: MILLPOND_WORKERS_PER_PROCESS]",
     )
     p.add_argument(
-        "-i", "--process-id", type=_non_negative_int, default=None, metavar="I",
-        help="this process's index in --addresses [env: MILLPOND_PROCESS_ID]",
+        "-i", "--process-id", type=_process_id, default=None, metavar="I",
+        help="this process's index in --addresses, or 'auto': the trailing ordinal of the host name "
+        "(a StatefulSet pod millpond-2 is process 2) [env: MILLPOND_PROCESS_ID]",
     )
     p.add_argument(
         "-a", "--addresses", type=_addresses, default=None, metavar="HOST:PORT;...",
