@@ -136,6 +136,12 @@ def _open_at(path: Path, state: Optional[SourcePosition]) -> "tuple[Any, int]":
     return f, _seek_resume(path, f, state)
 
 
+#: How many bytes a line source reads at a time. A block is cut after its
+#: last newline (the rest starts the next block) and its lines are decoded
+#: and split at once; a line longer than a block is read whole.
+_BLOCK_SIZE = 256 * 1024
+
+
 def _strip_eol(line: str) -> str:
     if line.endswith("\n"):
         line = line[:-1]
@@ -145,34 +151,143 @@ def _strip_eol(line: str) -> str:
 
 
 class _LinePartition(StatefulSourcePartition[str, SourcePosition]):
-    """Reads a file's lines; the resume state is the position of the next line."""
+    """Reads a file's lines; the resume state is the position of the next line.
 
-    def __init__(self, path: Path, batch_size: int, resume_state: Optional[SourcePosition]) -> None:
+    The file is read a block at a time: the whole lines of a block (its
+    *chunk*, cut after the last ``b"\\n"``, which is always a UTF-8
+    character boundary) are decoded with one ``decode`` and one ``split``,
+    and batches are slices of that list. The bytes after the chunk's last
+    newline are carried over to the next block; at end of file they are a
+    last line without a newline. The byte offset of the next line is only
+    worked out when a snapshot asks for it.
+
+    The lines are those of reading the file with ``readline`` and
+    ``_strip_eol`` (one ``"\\r"`` before the ``"\\n"`` removed, a lone
+    ``"\\r"`` kept), and so are the batches: a batch is cut short only by
+    the end of the file (the next call reads on, so lines appended since
+    are read, and a call that finds nothing ends the partition), and the
+    batch that would hold a non-UTF-8 line raises instead, naming the
+    line's byte offset, after the batches before it were handed out.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        batch_size: int,
+        resume_state: Optional[SourcePosition],
+        block_size: Optional[int] = None,
+    ) -> None:
         self._path = path
         self._batch_size = batch_size
-        self._f, self._offset = _open_at(path, resume_state)
+        self._block_size = block_size or _BLOCK_SIZE
+        self._f, offset = _open_at(path, resume_state)
+        # The lines being handed out: the decoded lines of ``_chunk``, whose
+        # first byte is at ``_chunk_offset`` in the file; ``_next`` is the
+        # index of the next line to hand out.
+        self._lines: List[str] = []
+        self._next = 0
+        self._chunk = b""
+        self._chunk_offset = offset
+        # Bytes read after the chunk: the start of the line after it.
+        self._carry = b""
+        # A non-UTF-8 line right after the chunk: (its offset, the error).
+        self._bad: Optional[Tuple[int, UnicodeDecodeError]] = None
 
     def next_batch(self) -> List[str]:
-        readline = self._f.readline
-        out: List[str] = []
-        offset = self._offset
-        for _ in range(self._batch_size):
-            raw = readline()
-            if not raw:
-                break
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as ex:
+        i = self._next
+        j = i + self._batch_size
+        lines = self._lines
+        if j <= len(lines):
+            self._next = j
+            return lines[i:j]
+        out = lines[i:]
+        self._next = len(lines)
+        while len(out) < self._batch_size:
+            if self._bad is not None:
+                offset, ex = self._bad
                 raise ValueError(f"{self._path}: line at byte {offset} is not UTF-8: {ex}") from ex
-            offset += len(raw)
-            out.append(_strip_eol(line))
-        self._offset = offset
+            if not self._fill():
+                break
+            take = self._batch_size - len(out)
+            out += self._lines[:take]
+            self._next = min(take, len(self._lines))
         if not out:
             raise StopIteration()
         return out
 
+    def _fill(self) -> bool:
+        """Replace the (used up) chunk by the next lines of the file; False
+        when there are none (end of file, for now)."""
+        start = self._chunk_offset + len(self._chunk)
+        parts = [self._carry] if self._carry else []
+        read = self._f.read
+        while True:
+            block = read(self._block_size)
+            if not block:
+                carry = b""  # what is left is a last line without a newline
+                break
+            cut = block.rfind(b"\n") + 1
+            if cut:
+                if cut == len(block):
+                    parts.append(block)
+                    carry = b""
+                else:
+                    parts.append(block[:cut])
+                    carry = block[cut:]
+                break
+            parts.append(block)  # no newline yet: a line longer than a block
+        chunk = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._carry = carry
+        self._chunk = chunk
+        self._chunk_offset = start
+        self._next = 0
+        if not chunk:
+            self._lines = []
+            return False
+        try:
+            text = chunk.decode("utf-8")
+        except UnicodeDecodeError:
+            self._lines = self._decode_until_bad(chunk, start)
+            return True
+        if "\r" in text:
+            # What _strip_eol does to every line: "\r\n" never overlaps
+            # itself, so this drops exactly one "\r" before each "\n".
+            text = text.replace("\r\n", "\n")
+        lines = text.split("\n")
+        if chunk[-1] == 0x0A:
+            lines.pop()  # the empty string after the last newline
+        self._lines = lines
+        return True
+
+    def _decode_until_bad(self, chunk: bytes, start: int) -> List[str]:
+        """The lines of ``chunk`` before its first non-UTF-8 line, which is
+        recorded in ``_bad``; the chunk is cut back to end before it."""
+        lines: List[str] = []
+        pos = 0
+        while pos < len(chunk):
+            end = chunk.find(b"\n", pos) + 1 or len(chunk)
+            try:
+                lines.append(_strip_eol(chunk[pos:end].decode("utf-8")))
+            except UnicodeDecodeError as ex:
+                self._bad = (start + pos, ex)
+                self._chunk = chunk[:pos]
+                break
+            pos = end
+        return lines
+
+    def _offset(self) -> int:
+        """The byte offset of the next line to hand out."""
+        k = self._next
+        if k == 0:
+            return self._chunk_offset
+        chunk = self._chunk
+        if k >= len(self._lines):
+            return self._chunk_offset + len(chunk)
+        # The first k lines of the chunk all end with a newline.
+        return self._chunk_offset + len(chunk) - len(chunk.split(b"\n", k)[k])
+
     def snapshot(self) -> SourcePosition:
-        return _position(self._f, self._offset)
+        return _position(self._f, self._offset())
 
     def close(self) -> None:
         self._f.close()
