@@ -281,10 +281,15 @@ class _LinePartition(StatefulSourcePartition[str, SourcePosition]):
         if k == 0:
             return self._chunk_offset
         chunk = self._chunk
-        if k >= len(self._lines):
+        n = len(self._lines)
+        if k >= n:
             return self._chunk_offset + len(chunk)
-        # The first k lines of the chunk all end with a newline.
-        return self._chunk_offset + len(chunk) - len(chunk.split(b"\n", k)[k])
+        # Here every line of the chunk ends with a newline (only a chunk of
+        # one line can lack it), and line k starts after the k-th one:
+        # found from whichever end is nearer.
+        if k <= n // 2:
+            return self._chunk_offset + len(chunk) - len(chunk.split(b"\n", k)[k])
+        return self._chunk_offset + len(chunk.rsplit(b"\n", n - k + 1)[0]) + 1
 
     def snapshot(self) -> SourcePosition:
         return _position(self._f, self._offset())
