@@ -40,18 +40,41 @@ type handoff struct {
 // uploaded (with its workers' marks, follower.go), long after this worker
 // cut its segment: the deletions stay in the segment, which a plain epoch
 // needs and compacted state does without (a restore and a compaction skip
-// them). A worker whose whole batch is empty cuts no segment: it is bare.
+// them, and so does the local store when it adopts the staged copy). A
+// worker whose whole batch is empty cuts no segment: it is bare.
 func (r *Run) takeWhole(w int, b rowbatch.Batch) ([]rowbatch.Row, <-chan string, error) {
 	r.markWhole(w, b.Epoch)
-	if r.clustered() {
-		if len(b.Rows) == 0 {
-			r.markBare(w, b.Epoch)
-		}
-		return b.Rows, nil, nil
-	}
 	if r.cfg.Mode != SnapshotBatch {
 		return b.Rows, nil, nil
 	}
+	rows := b.Rows
+	if r.clustered() {
+		if len(rows) == 0 {
+			r.markBare(w, b.Epoch)
+		}
+	} else {
+		rows = r.holdDeletions(w, b)
+	}
+	if len(rows) == 0 || !r.stores[w].StartsGeneration(b) {
+		// A batch of only deletions starts an empty generation: there
+		// is no segment to copy.
+		return rows, nil, nil
+	}
+	h := &handoff{epoch: b.Epoch, staged: make(chan string, 1)}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.err; err != nil {
+		// fail dropped the handoffs already; this one would wait for a
+		// segment no pipe will cut.
+		return nil, nil, err
+	}
+	r.handoffs[w] = append(r.handoffs[w], h)
+	return rows, h.staged, nil
+}
+
+// holdDeletions holds whole batch b's deletions back until worker w closes
+// its epoch (releaseHeld) and returns the rest, to be cut now.
+func (r *Run) holdDeletions(w int, b rowbatch.Batch) []rowbatch.Row {
 	deleted := 0
 	for i := range b.Rows {
 		if b.Rows[i].Deleted {
@@ -72,21 +95,7 @@ func (r *Run) takeWhole(w int, b rowbatch.Batch) ([]rowbatch.Row, <-chan string,
 		// the first one's deletions go first, in order.
 		r.sendHeld(w, earlier)
 	}
-	if len(live) == 0 || !r.stores[w].StartsGeneration(b) {
-		// A batch of only deletions starts an empty generation: there
-		// is no segment to copy.
-		return live, nil, nil
-	}
-	h := &handoff{epoch: b.Epoch, staged: make(chan string, 1)}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err := r.err; err != nil {
-		// fail dropped the handoffs already; this one would wait for a
-		// segment no pipe will cut.
-		return nil, nil, err
-	}
-	r.handoffs[w] = append(r.handoffs[w], h)
-	return live, h.staged, nil
+	return live
 }
 
 // sendHeld sends held deletions on to worker w's segment, or releases them
