@@ -25,6 +25,7 @@ type Config struct {
 	Index        int                                     // this process's index in Addresses
 	Addresses    []string                                // "host:port" of every process, in index order
 	Secret       []byte                                  // shared secret; nil/empty allowed only when every address is loopback
+	TLS          *TLSFiles                               // nil or all empty: no TLS; else TLS (with a CA file, mutual TLS) between the processes (tls.go)
 	Identity     map[string]string                       // what every process must agree on (flow fingerprint, worker count, ...); compared at handshake
 	StartTimeout time.Duration                           // all peers connected (both directions) within this; default 60s
 	PeerTimeout  time.Duration                           // a peer silent this long is lost; default 10s; heartbeats at PeerTimeout/5 capped at 1s
@@ -39,6 +40,7 @@ type Config struct {
 type settings struct {
 	Config
 	listen    string                              // what this process binds
+	tls       *tlsSetup                           // nil without TLS
 	handlers  [256]func(from int, payload []byte) // Handlers by kind
 	heartbeat time.Duration                       // interval of heartbeats and of the silence check
 	handshake time.Duration                       // longest wait for one handshake step
@@ -94,6 +96,22 @@ func validate(cfg Config) (*settings, error) {
 		}
 	}
 	s := &settings{Config: cfg}
+	if cfg.TLS.enabled() {
+		f := *cfg.TLS
+		base, err := LoadTLS(f.CertFile, f.KeyFile, f.CAFile)
+		if err != nil {
+			return nil, err
+		}
+		if n > 1 {
+			if err := checkHost(f.CertFile, base.Certificates[0].Leaf, cfg.Addresses[cfg.Index]); err != nil {
+				return nil, err
+			}
+		}
+		s.tls = &tlsSetup{base: base, withCA: f.CAFile != ""}
+		s.TLS = &f
+	} else {
+		s.TLS = nil
+	}
 	for kind, h := range cfg.Handlers {
 		if kind == 0 {
 			return nil, errorf(ErrConfig, nil, "a handler for kind 0: kind 0 is data (Drain returns it); control kinds are 1..255")

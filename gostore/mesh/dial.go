@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
@@ -99,7 +100,7 @@ func (m *Mesh) attach(p *peer, ob *outbound) {
 // handshake on it, within timeout.
 func (m *Mesh) dialOnce(p *peer, timeout time.Duration) (*outbound, *dialFailure) {
 	ctx, cancel := context.WithCancel(m.ctx)
-	pr := &probe{onForeign: cancel}
+	pr := &probe{onForeign: cancel, tls: m.s.tls != nil}
 	m.mu.Lock()
 	p.attempt = pr
 	m.mu.Unlock()
@@ -110,7 +111,7 @@ func (m *Mesh) dialOnce(p *peer, timeout time.Duration) (*outbound, *dialFailure
 	}()
 	var timedOut atomic.Bool
 	timer := time.AfterFunc(timeout, func() { timedOut.Store(true); cancel() })
-	cc, err := grpc.NewClient("passthrough:///"+p.addr, m.dialOptions(pr)...)
+	cc, err := grpc.NewClient("passthrough:///"+p.addr, m.dialOptions(p, pr)...)
 	if err != nil {
 		timer.Stop()
 		cancel()
@@ -232,8 +233,21 @@ func (m *Mesh) classify(p *peer, pr *probe, err error, timedOut bool, timeout ti
 	}
 	pr.mu.Lock()
 	connected, dialErr, head, closed := !pr.connected.IsZero(), pr.dialErr, string(pr.head), pr.closed
-	isForeign := pr.foreign
+	isForeign, plain, tlsPeer, tlsErr := pr.foreign, pr.plain, pr.tlsPeer, pr.tlsErr
 	pr.mu.Unlock()
+	mismatch := func(format string) *dialFailure {
+		return &dialFailure{err: errorf(ErrTLSMismatch, nil, format+": every process must be started with the same TLS settings", p.index, p.addr), permanent: true}
+	}
+	switch {
+	case plain:
+		return mismatch("process %d (%s) does not use TLS (it answered in plain text) and this process does")
+	case tlsPeer:
+		return mismatch("process %d (%s) uses TLS (it answered with a TLS record) and this process does not")
+	case tlsErr != nil:
+		if f := m.tlsFailure(p, tlsErr); f != nil {
+			return f
+		}
+	}
 	switch {
 	case isForeign:
 		return foreign("it answered %s", strconv.Quote(head))
@@ -260,11 +274,16 @@ func (m *Mesh) classify(p *peer, pr *probe, err error, timedOut bool, timeout ti
 	return &dialFailure{err: errors.New(statusMessage(err))}
 }
 
-// dialOptions sets up one attempt's connection.
-func (m *Mesh) dialOptions(pr *probe) []grpc.DialOption {
+// dialOptions sets up one attempt's connection to p.
+func (m *Mesh) dialOptions(p *peer, pr *probe) []grpc.DialOption {
 	var d net.Dialer
+	creds := insecure.NewCredentials()
+	if m.s.tls != nil {
+		host, _, _ := net.SplitHostPort(p.addr)
+		creds = &clientCreds{TransportCredentials: credentials.NewTLS(m.s.tls.client(host)), pr: pr}
+	}
 	return []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
 			c, err := d.DialContext(ctx, "tcp", addr)
 			pr.dialed(err)
@@ -290,10 +309,13 @@ func (m *Mesh) dialOptions(pr *probe) []grpc.DialOption {
 
 // probe watches one attempt's connection: whether it connected, and
 // whether the first bytes the peer sent can be the start of an HTTP/2
-// server's greeting (a SETTINGS frame on stream 0). Anything else is a
-// foreign protocol, known at its first wrong byte, and the attempt stops.
+// server's greeting (a SETTINGS frame on stream 0) or, with TLS, of a TLS
+// record. Anything else is a foreign protocol, known at its first wrong
+// byte, and the attempt stops; so does a peer that answers with TLS to a
+// process without, or in plain HTTP/2 to a process with TLS.
 type probe struct {
 	onForeign func()
+	tls       bool        // this process dials with TLS
 	spoke     atomic.Bool // a millpond handshake message arrived
 	full      atomic.Bool // enough bytes seen
 
@@ -303,6 +325,18 @@ type probe struct {
 	head      []byte // the first bytes the peer sent (at most headSize)
 	closed    bool   // the connection ended before any byte
 	foreign   bool
+	plain     bool  // TLS expected, an HTTP/2 greeting came
+	tlsPeer   bool  // plain text expected, a TLS record came
+	tlsErr    error // why the TLS handshake failed, or the alert the peer sent after it
+}
+
+// tlsFailed records the first TLS error of the attempt.
+func (pr *probe) tlsFailed(err error) {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.tlsErr == nil {
+		pr.tlsErr = err
+	}
 }
 
 // headSize is how much of a foreign greeting an error message quotes.
@@ -336,18 +370,71 @@ func (pr *probe) observe(b []byte, err error) {
 	if len(pr.head) == 0 && err != nil {
 		pr.closed = true
 	}
-	wasForeign := pr.foreign
-	for i := start; i < len(pr.head) && i < 9 && !pr.foreign; i++ {
-		pr.foreign = !settingsByteOK(i, pr.head[i])
+	wasDecided := pr.foreign || pr.plain || pr.tlsPeer
+	decided := wasDecided
+	if !wasDecided {
+		switch judgeHead(pr.head, pr.tls) {
+		case headForeign:
+			pr.foreign, decided = true, true
+		case headPlain:
+			pr.plain, decided = true, true
+		case headTLS:
+			pr.tlsPeer, decided = true, true
+		case headOK:
+			pr.full.Store(true)
+		}
 	}
-	nowForeign := pr.foreign && !wasForeign
-	if len(pr.head) >= headSize || (len(pr.head) >= 9 && !pr.foreign) {
+	if len(pr.head) >= headSize || decided {
 		pr.full.Store(true)
 	}
 	pr.mu.Unlock()
-	if nowForeign {
+	if decided && !wasDecided {
 		pr.onForeign()
 	}
+}
+
+// headVerdict is what the first bytes from a peer say.
+type headVerdict int
+
+const (
+	headUndecided headVerdict = iota // too few bytes yet
+	headOK                           // what this process expects
+	headForeign                      // another protocol
+	headPlain                        // an HTTP/2 greeting where TLS was expected
+	headTLS                          // a TLS record where an HTTP/2 greeting was expected
+)
+
+// judgeHead tells from the first bytes of a peer whether they start what
+// this process expects: a TLS record when tlsMode, else an HTTP/2
+// server's SETTINGS frame.
+func judgeHead(head []byte, tlsMode bool) headVerdict {
+	if len(head) == 0 {
+		return headUndecided
+	}
+	if head[0] == 0x15 || head[0] == tlsHandshakeRecord { // alert or handshake record
+		if len(head) < 3 {
+			return headUndecided
+		}
+		if head[1] != 0x03 || head[2] > 0x04 { // record version 3.x
+			return headForeign
+		}
+		if tlsMode {
+			return headOK
+		}
+		return headTLS
+	}
+	for i := 0; i < len(head) && i < 9; i++ {
+		if !settingsByteOK(i, head[i]) {
+			return headForeign
+		}
+	}
+	switch {
+	case tlsMode && len(head) >= 4:
+		return headPlain // the type byte says SETTINGS
+	case !tlsMode && len(head) >= 9:
+		return headOK
+	}
+	return headUndecided
 }
 
 // settingsByteOK reports whether byte i of a frame header can be that of

@@ -17,8 +17,12 @@ var (
 	// its mesh).
 	ErrPeerLeft = errors.New("the process left the cluster")
 	// ErrAuthentication is wrapped when a process could not prove that it
-	// knows the cluster secret.
+	// knows the cluster secret, or failed TLS authentication (a
+	// certificate not signed by the CA, or not valid for its host).
 	ErrAuthentication = errors.New("cluster authentication failed")
+	// ErrTLSMismatch is wrapped when one process uses TLS and its peer
+	// does not.
+	ErrTLSMismatch = errors.New("TLS on one side only")
 	// ErrIdentityMismatch is wrapped when two processes disagree on their
 	// Identity, their index or the number of processes.
 	ErrIdentityMismatch = errors.New("the processes disagree")

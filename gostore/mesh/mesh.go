@@ -45,8 +45,9 @@ type Mesh struct {
 	sent      atomic.Int64
 	received  atomic.Int64
 
-	mu    sync.Mutex // the peers' connection fields
-	state atomic.Int32
+	mu         sync.Mutex // the peers' connection fields, and tlsRefusal
+	tlsRefusal string     // the latest connection refused by TLS during Start, for its timeout error
+	state      atomic.Int32
 
 	errMu sync.Mutex
 	err   error

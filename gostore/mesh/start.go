@@ -103,6 +103,7 @@ func (m *Mesh) listenError(err error) error {
 
 func (m *Mesh) serverOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
+		grpc.Creds(newServerCreds(m.s.tls, m.refusedConnection)),
 		grpc.ForceServerCodecV2(rawCodec{}),
 		grpc.MaxRecvMsgSize(maxMessage),
 		grpc.MaxSendMsgSize(maxMessage),
@@ -184,8 +185,12 @@ func (m *Mesh) notJoined() error {
 	if len(names) > 1 {
 		who = "processes " + strings.Join(names, ", ")
 	}
-	if last == nil {
-		return errorf(ErrNotJoined, nil, "%s did not join within %s (this process reached them, they did not connect back)", who, within)
+	refused := ""
+	if m.tlsRefusal != "" {
+		refused = "; " + m.tlsRefusal
 	}
-	return errorf(ErrNotJoined, last, "%s did not join within %s (last error: %v)", who, within, last)
+	if last == nil {
+		return errorf(ErrNotJoined, nil, "%s did not join within %s (this process reached them, they did not connect back)%s", who, within, refused)
+	}
+	return errorf(ErrNotJoined, last, "%s did not join within %s (last error: %v)%s", who, within, last, refused)
 }
