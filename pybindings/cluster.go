@@ -33,6 +33,12 @@ type clusterOptions struct {
 	PeerTimeoutSeconds  float64           `json:"peer_timeout_seconds"`
 	MaxInFlightBytes    int64             `json:"max_in_flight_bytes"`
 	InboxLimitBytes     int64             `json:"inbox_limit_bytes"`
+	// TLS between the processes: the PEM files of this process's
+	// certificate and key, and of the CA that turns on mutual TLS (all
+	// empty: no TLS).
+	TLSCert string `json:"tls_cert"`
+	TLSKey  string `json:"tls_key"`
+	TLSCA   string `json:"tls_ca"`
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
@@ -56,7 +62,15 @@ func mp_cluster_open(opts *C.char, secret *C.char, secretLen C.longlong, out *C.
 	if secretLen > 0 {
 		cfg.Secret = C.GoBytes(unsafe.Pointer(secret), C.int(secretLen))
 	}
+	if o.TLSCert != "" || o.TLSKey != "" || o.TLSCA != "" {
+		cfg.TLS = &mesh.TLSFiles{CertFile: o.TLSCert, KeyFile: o.TLSKey, CAFile: o.TLSCA}
+	}
 	n, err := cluster.Start(callCtx(), cfg)
+	if errors.Is(err, mesh.ErrConfig) {
+		// Settings wrong in themselves (a TLS file that cannot be used,
+		// say): nothing was started, and Python reports a ValueError.
+		return setErr(kinded{kind: kindConfig, err: err}, errKind, errMsg)
+	}
 	if err != nil {
 		return setErr(withKind(kindCluster, err), errKind, errMsg)
 	}
@@ -225,7 +239,7 @@ func mp_cluster_close(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 // the cluster, which the engine reports as one line naming the peer.
 func clusterLost(err error) bool {
 	for _, target := range []error{
-		mesh.ErrPeerLost, mesh.ErrPeerLeft, mesh.ErrAuthentication, mesh.ErrIdentityMismatch,
+		mesh.ErrPeerLost, mesh.ErrPeerLeft, mesh.ErrAuthentication, mesh.ErrTLSMismatch, mesh.ErrIdentityMismatch,
 		mesh.ErrForeignProtocol, mesh.ErrRefused, mesh.ErrProtocol, mesh.ErrNotJoined, mesh.ErrConfig,
 		mesh.ErrClosed, mesh.ErrAborted, durable.ErrCluster,
 	} {

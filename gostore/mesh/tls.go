@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -326,11 +327,11 @@ func (c *serverCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthI
 	switch {
 	case c.tls && !isTLS:
 		c.refuse(remote, "it speaks plain text and this process requires TLS (every process must be started with the same TLS settings)")
-		_, _ = raw.Write(tlsAlert)
+		answerAndHangUp(raw, tlsAlert)
 		return nil, nil, errTLSMismatch
 	case !c.tls && isTLS:
 		c.refuse(remote, "it speaks TLS and this process has no TLS (every process must be started with the same TLS settings)")
-		_, _ = raw.Write(emptySettings)
+		answerAndHangUp(raw, emptySettings)
 		return nil, nil, errTLSMismatch
 	}
 	out, info, err := c.TransportCredentials.ServerHandshake(conn)
@@ -339,6 +340,24 @@ func (c *serverCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthI
 	}
 	return out, info, err
 }
+
+// answerAndHangUp writes answer, then ends the sending half and reads
+// what the peer still sends, briefly: a connection closed with unread
+// bytes ends in a reset, which can destroy the answer before the peer
+// reads it. (gRPC closes the connection afterwards.)
+func answerAndHangUp(c net.Conn, answer []byte) {
+	if _, err := c.Write(answer); err != nil {
+		return
+	}
+	if tc, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = tc.CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(hangUpLinger))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 1<<20))
+}
+
+// hangUpLinger is how long answerAndHangUp reads after its answer.
+const hangUpLinger = 200 * time.Millisecond
 
 // Clone returns a copy of the credentials.
 func (c *serverCreds) Clone() credentials.TransportCredentials {

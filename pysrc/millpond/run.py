@@ -25,6 +25,11 @@ flag                                    environment variable             meaning
 ``-d/--local-state-dir DIR``            ``MILLPOND_LOCAL_STATE_DIR``      turns recovery on; the local store
 ``-b/--backup URI|module:factory()``    ``MILLPOND_BACKUP``               the durable store
 ``--snapshot-mode batch|immediate``     ``MILLPOND_SNAPSHOT_MODE``        when state is snapshotted
+``--tls-cert FILE``                     ``MILLPOND_TLS_CERT``             TLS between the processes of a cluster:
+                                                                         this process's certificate (PEM)
+``--tls-key FILE``                      ``MILLPOND_TLS_KEY``              the certificate's private key (PEM)
+``--tls-ca FILE``                       ``MILLPOND_TLS_CA``               the CA of every process's certificate:
+                                                                         mutual TLS
 ``--log-level LEVEL``                   ``MILLPOND_LOG_LEVEL``            logging level (default ``INFO``)
 ``--version``                                                            print ``millpond X.Y.Z`` and exit
 ======================================  ===============================  =========================================
@@ -90,6 +95,9 @@ def cli_main(
     addresses: Optional[Sequence[str]] = None,
     epoch_interval: Union[timedelta, float, int, None] = None,
     recovery_config: Any = None,
+    tls_cert: Optional[str] = None,
+    tls_key: Optional[str] = None,
+    tls_ca: Optional[str] = None,
 ) -> None:
     """Run ``flow`` in this process with the command line's settings.
 
@@ -100,6 +108,8 @@ def cli_main(
     single process. ``epoch_interval`` is a ``timedelta`` or seconds (``None``
     means the engine default, 10 seconds). ``recovery_config`` is a
     :class:`millpond.recovery.RecoveryConfig` or ``None`` for no recovery.
+    ``tls_cert``/``tls_key`` (PEM files) turn on TLS between the processes
+    of a cluster, ``tls_ca`` mutual TLS (default: ``MILLPOND_TLS_*``).
 
     Returns when the flow's inputs are exhausted. Errors in user code raise
     :class:`millpond.errors.DataflowError`; Ctrl-C raises
@@ -127,6 +137,9 @@ def cli_main(
         epoch_interval=interval,
         recovery_config=recovery_config,
         worker_count_per_proc=workers_per_process,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_ca=tls_ca,
     )
 
 
@@ -256,6 +269,9 @@ _ENV: List[Tuple[str, str, Callable[[str], Any]]] = [
     ("backup", "MILLPOND_BACKUP", _nonempty),
     ("snapshot_mode", "MILLPOND_SNAPSHOT_MODE", _snapshot_mode),
     ("log_level", "MILLPOND_LOG_LEVEL", _log_level),
+    ("tls_cert", "MILLPOND_TLS_CERT", _nonempty),
+    ("tls_key", "MILLPOND_TLS_KEY", _nonempty),
+    ("tls_ca", "MILLPOND_TLS_CA", _nonempty),
 ]
 
 # The flag of each option, as error messages name it.
@@ -269,6 +285,9 @@ _FLAGS: Dict[str, str] = {
     "backup": "-b/--backup",
     "snapshot_mode": "--snapshot-mode",
     "log_level": "--log-level",
+    "tls_cert": "--tls-cert",
+    "tls_key": "--tls-key",
+    "tls_ca": "--tls-ca",
 }
 
 # Bytewax 0.21's flags that millpond does not take, and what to use instead.
@@ -385,6 +404,20 @@ def _build_parser() -> _Parser:
         "--snapshot-mode", type=_snapshot_mode, default=None, metavar="batch|immediate",
         help="snapshot once per epoch (batch, default) or after every activation "
         "[env: MILLPOND_SNAPSHOT_MODE]",
+    )
+    p.add_argument(
+        "--tls-cert", type=_nonempty, default=None, metavar="FILE",
+        help="TLS between the processes of a cluster: this process's certificate (PEM), valid for the host "
+        "of its address; needs --tls-key [env: MILLPOND_TLS_CERT]",
+    )
+    p.add_argument(
+        "--tls-key", type=_nonempty, default=None, metavar="FILE",
+        help="the private key of --tls-cert (PEM, unencrypted) [env: MILLPOND_TLS_KEY]",
+    )
+    p.add_argument(
+        "--tls-ca", type=_nonempty, default=None, metavar="FILE",
+        help="mutual TLS: the CA certificate(s) (PEM) that sign every process's certificate; each process "
+        "checks the others' against it [env: MILLPOND_TLS_CA]",
     )
     p.add_argument(
         "--log-level", type=_log_level, default=None, metavar="LEVEL",
@@ -550,6 +583,9 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
             f"-i/--process-id {args.process_id} is out of range for {len(args.addresses)} "
             "addresses (process ids start at 0)"
         )
+    problem = _tls_problem(args, source, named)
+    if problem is not None:
+        return _fail(problem)
     if args.local_state_dir is None:
         for dest in ("backup", "snapshot_mode"):
             if getattr(args, dest) is not None:
@@ -616,6 +652,9 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
             addresses=args.addresses,
             epoch_interval=args.epoch_interval,
             recovery_config=recovery_config,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_ca=args.tls_ca,
         )
     except _Terminated:
         logger.debug("terminated")
@@ -653,6 +692,52 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
         logger.debug("the flow was not started", exc_info=True)
         return _fail(f"the flow was not started: {ex}")
     return 0
+
+
+_TLS = ("tls_cert", "tls_key", "tls_ca")
+
+
+def _tls_problem(args: argparse.Namespace, source: Dict[str, str], named: Callable[[str], str]) -> Optional[str]:
+    """What is wrong with the TLS settings, for the error line; ``None``
+    when they are fine (or absent). Checked before anything starts, so a
+    ``-p`` launcher reports a bad file once, not once per process."""
+    given = [d for d in _TLS if getattr(args, d) is not None]
+    if not given:
+        return None
+    cluster = (args.addresses is not None and len(args.addresses) > 1) or (
+        args.processes is not None and args.processes > 1
+    )
+    if not cluster:
+        typed = [d for d in given if source[d].startswith("-")]
+        if typed:
+            return f"{_FLAGS[typed[0]]} is for a cluster: give -i/--process-id and -a/--addresses, or -p/--processes N"
+        # Like the other cluster variables, MILLPOND_TLS_* mean nothing to
+        # a single process.
+        for d in given:
+            setattr(args, d, None)
+        return None
+
+    def both(dest: str) -> str:
+        return f"{_FLAGS[dest]} (or {dict((d, v) for d, v, _ in _ENV)[dest]})"
+
+    if args.tls_cert is not None and args.tls_key is None:
+        return f"{named('tls_cert')} needs its private key: give {both('tls_key')} too"
+    if args.tls_key is not None and args.tls_cert is None:
+        return f"{named('tls_key')} needs its certificate: give {both('tls_cert')} too"
+    if args.tls_ca is not None and args.tls_cert is None:
+        return (
+            f"{named('tls_ca')} needs this process's certificate and key, signed by that CA: "
+            f"give {both('tls_cert')} and {both('tls_key')} too"
+        )
+    from millpond.engine.cluster import TLSFileError, check_tls_files
+
+    try:
+        check_tls_files(args.tls_cert, args.tls_key, args.tls_ca)
+    except TLSFileError as ex:
+        if ex.setting is None:
+            return str(ex)
+        return f"{named(ex.setting)}: {ex.problem}"
+    return None
 
 
 def _without_processes(argv: List[str]) -> List[str]:

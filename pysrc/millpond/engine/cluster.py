@@ -22,6 +22,8 @@ import json
 import logging
 import os
 import pickle
+import re
+import ssl
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -46,6 +48,11 @@ __all__ = [
     "flow_identity",
     "SECRET_ENV",
     "SECRET_FILE_ENV",
+    "TLS_CERT_ENV",
+    "TLS_KEY_ENV",
+    "TLS_CA_ENV",
+    "TLSFileError",
+    "check_tls_files",
 ]
 
 logger = logging.getLogger("millpond")
@@ -54,6 +61,11 @@ logger = logging.getLogger("millpond")
 SECRET_ENV = "MILLPOND_CLUSTER_SECRET"
 #: Or a file holding it (Kubernetes secrets are mounted as files).
 SECRET_FILE_ENV = "MILLPOND_CLUSTER_SECRET_FILE"
+#: TLS between the processes: this process's certificate and key (PEM
+#: files), and the CA that signs every process's certificate (mutual TLS).
+TLS_CERT_ENV = "MILLPOND_TLS_CERT"
+TLS_KEY_ENV = "MILLPOND_TLS_KEY"
+TLS_CA_ENV = "MILLPOND_TLS_CA"
 START_TIMEOUT_ENV = "MILLPOND_START_TIMEOUT"
 PEER_TIMEOUT_ENV = "MILLPOND_PEER_TIMEOUT"
 MAX_IN_FLIGHT_ENV = "MILLPOND_MAX_IN_FLIGHT_BYTES"
@@ -107,6 +119,97 @@ def _secret_from_env() -> bytes:
     return value.encode()
 
 
+class TLSFileError(ValueError):
+    """A TLS setting that cannot be used. ``setting`` names it
+    (``"tls_cert"``, ``"tls_key"`` or ``"tls_ca"``; ``None`` for a missing
+    partner), ``problem`` says what is wrong with the file (``"cannot be
+    read: No such file or directory"``); the message has both."""
+
+    def __init__(self, setting: Optional[str], path: str, problem: str) -> None:
+        self.setting = setting
+        self.path = path
+        self.problem = problem
+        what = {"tls_cert": "certificate", "tls_key": "key", "tls_ca": "CA"}.get(setting or "", "")
+        super().__init__(f"TLS {what} file {path} {problem}" if setting else problem)
+
+
+_PEM_CERT = b"-----BEGIN CERTIFICATE-----"
+_PEM_KEY = re.compile(rb"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----")
+
+
+def _read_tls_file(setting: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise TLSFileError(setting, path, f"cannot be read: {exc.strerror or exc}") from None
+
+
+def _check_certificates(setting: str, path: str) -> None:
+    data = _read_tls_file(setting, path)
+    if _PEM_CERT not in data:
+        if _PEM_KEY.search(data):
+            raise TLSFileError(
+                setting, path, "holds a private key, not a certificate (are the certificate and key files swapped?)"
+            )
+        raise TLSFileError(setting, path, "holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=path)
+    except (ssl.SSLError, ValueError) as exc:
+        raise TLSFileError(setting, path, f"holds a certificate that cannot be loaded: {exc}") from None
+
+
+def check_tls_files(cert: Optional[str], key: Optional[str], ca: Optional[str]) -> None:
+    """Check the TLS files of a cluster process before anything starts:
+    a certificate needs its key and the other way round, a CA needs both;
+    every file must be readable PEM of the right kind, and the key must
+    belong to the certificate. Raises :class:`TLSFileError` naming the
+    setting and the file. (The core checks the rest when the cluster
+    starts: the CA signed the certificate, it is valid for this process's
+    host and for both server and client use.)"""
+    if not (cert or key or ca):
+        return
+    if cert and not key:
+        raise TLSFileError(None, cert, f"the TLS certificate file {cert} is given without its key file ({TLS_KEY_ENV})")
+    if key and not cert:
+        raise TLSFileError(None, key, f"the TLS key file {key} is given without its certificate file ({TLS_CERT_ENV})")
+    if ca and not cert:
+        raise TLSFileError(
+            None, ca,
+            f"the TLS CA file {ca} is given without a certificate and key ({TLS_CERT_ENV}, {TLS_KEY_ENV}): "
+            "with mutual TLS every process presents its own certificate, signed by that CA",
+        )
+    assert cert and key
+    _check_certificates("tls_cert", cert)
+    data = _read_tls_file("tls_key", key)
+    found = _PEM_KEY.search(data)
+    if found is None:
+        if _PEM_CERT in data:
+            raise TLSFileError(
+                "tls_key", key, "holds a certificate, not a private key (are the certificate and key files swapped?)"
+            )
+        raise TLSFileError("tls_key", key, "holds no PEM private key (-----BEGIN PRIVATE KEY-----)")
+    encrypted = TLSFileError("tls_key", key, "holds an encrypted private key: give it unencrypted (protect the file instead)")
+    if found.group(1) == b"ENCRYPTED " or b"Proc-Type: 4,ENCRYPTED" in data:
+        raise encrypted
+
+    def no_password() -> str:
+        raise encrypted
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password=no_password)
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc) or "key values mismatch" in str(exc):
+            raise TLSFileError("tls_key", key, f"does not belong to the certificate in {cert}") from None
+        raise TLSFileError("tls_key", key, f"cannot be loaded with the certificate in {cert}: {exc}") from None
+    if ca:
+        _check_certificates("tls_ca", ca)
+
+
+def _path_env(name: str) -> Optional[str]:
+    value = os.environ.get(name, "").strip()
+    return value or None
+
+
 def _is_loopback(address: str) -> bool:
     host = address.rsplit(":", 1)[0].strip("[]").lower()
     if host == "localhost":
@@ -128,7 +231,10 @@ class ClusterSettings:
     a process that died or stopped answering goes unnoticed;
     ``start_timeout``, how long the processes have to come up.
     ``max_in_flight_bytes`` bounds the batches queued for one peer before
-    this process stops reading its sources.
+    this process stops reading its sources. ``tls_cert`` and ``tls_key``
+    (PEM files) turn on TLS between the processes; ``tls_ca`` (the CA that
+    signs every process's certificate) makes it mutual: each process
+    checks the other's certificate against it (docs/cluster.md).
     """
 
     addresses: Tuple[str, ...]
@@ -137,6 +243,9 @@ class ClusterSettings:
     start_timeout: timedelta = DEFAULT_START_TIMEOUT
     peer_timeout: timedelta = DEFAULT_PEER_TIMEOUT
     max_in_flight_bytes: int = DEFAULT_MAX_IN_FLIGHT
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    tls_ca: Optional[str] = None
 
     def __post_init__(self) -> None:
         n = len(self.addresses)
@@ -163,6 +272,8 @@ class ClusterSettings:
                     f"{what} not loopback: set a cluster secret "
                     f"({SECRET_ENV} or {SECRET_FILE_ENV}) so processes can tell their peers from strangers"
                 )
+        if n > 1:
+            check_tls_files(self.tls_cert, self.tls_key, self.tls_ca)
 
     @property
     def count(self) -> int:
@@ -170,16 +281,29 @@ class ClusterSettings:
         return len(self.addresses)
 
     @classmethod
-    def from_env(cls, addresses: Sequence[str], index: int) -> "ClusterSettings":
-        """Settings for ``addresses``/``index`` with the secret and timeouts
-        from the environment (``MILLPOND_CLUSTER_SECRET[_FILE]``,
+    def from_env(
+        cls,
+        addresses: Sequence[str],
+        index: int,
+        *,
+        tls_cert: Optional[str] = None,
+        tls_key: Optional[str] = None,
+        tls_ca: Optional[str] = None,
+    ) -> "ClusterSettings":
+        """Settings for ``addresses``/``index`` with the secret, timeouts
+        and TLS files from the environment (``MILLPOND_CLUSTER_SECRET[_FILE]``,
         ``MILLPOND_START_TIMEOUT``, ``MILLPOND_PEER_TIMEOUT`` in seconds,
-        ``MILLPOND_MAX_IN_FLIGHT_BYTES``)."""
+        ``MILLPOND_MAX_IN_FLIGHT_BYTES``, ``MILLPOND_TLS_CERT``,
+        ``MILLPOND_TLS_KEY``, ``MILLPOND_TLS_CA``); a TLS file given here
+        overrides its variable."""
         return cls(
             tuple(addresses), index, _secret_from_env(),
             _seconds_env(START_TIMEOUT_ENV, DEFAULT_START_TIMEOUT),
             _seconds_env(PEER_TIMEOUT_ENV, DEFAULT_PEER_TIMEOUT),
             _bytes_env(MAX_IN_FLIGHT_ENV, DEFAULT_MAX_IN_FLIGHT),
+            tls_cert=tls_cert or _path_env(TLS_CERT_ENV),
+            tls_key=tls_key or _path_env(TLS_KEY_ENV),
+            tls_ca=tls_ca or _path_env(TLS_CA_ENV),
         )
 
 
@@ -225,10 +349,14 @@ class ClusterNode:
             "peer_timeout_seconds": settings.peer_timeout.total_seconds(),
             "max_in_flight_bytes": settings.max_in_flight_bytes,
             "inbox_limit_bytes": settings.max_in_flight_bytes,
+            "tls_cert": settings.tls_cert or "",
+            "tls_key": settings.tls_key or "",
+            "tls_ca": settings.tls_ca or "",
         }
+        tls = " over mutual TLS" if settings.tls_ca else " over TLS" if settings.tls_cert else ""
         logger.info(
-            "process %d of %d: joining the cluster at %s",
-            settings.index, settings.count, settings.addresses[settings.index],
+            "process %d of %d: joining the cluster at %s%s",
+            settings.index, settings.count, settings.addresses[settings.index], tls,
         )
         # Ctrl-C must stop a start that waits for peers that never come.
         self._interrupts = CoreInterrupts()

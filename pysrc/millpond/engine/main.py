@@ -53,6 +53,9 @@ def cluster_main(
     epoch_interval: Optional[timedelta] = None,
     recovery_config: Optional["RecoveryConfig"] = None,
     worker_count_per_proc: int = 1,
+    tls_cert: Optional[str] = None,
+    tls_key: Optional[str] = None,
+    tls_ca: Optional[str] = None,
 ) -> None:
     """Run ``flow`` as process ``proc_id`` of a cluster, with
     ``worker_count_per_proc`` workers here.
@@ -67,8 +70,14 @@ def cluster_main(
     the file ``MILLPOND_CLUSTER_SECRET_FILE`` names), required unless
     every address is loopback; ``MILLPOND_START_TIMEOUT`` and
     ``MILLPOND_PEER_TIMEOUT`` (seconds) bound the start and the detection
-    of a lost process. Raises ``ClusterError`` when the cluster cannot
-    start or a process is lost; run the whole cluster again to resume.
+    of a lost process. ``tls_cert`` and ``tls_key`` (PEM files; default
+    ``MILLPOND_TLS_CERT``, ``MILLPOND_TLS_KEY``) turn on TLS between the
+    processes, ``tls_ca`` (``MILLPOND_TLS_CA``) mutual TLS: every process
+    then needs a certificate signed by that CA (docs/cluster.md). Raises
+    ``ValueError`` for settings wrong in themselves (a TLS file that cannot
+    be used, say), before anything starts; ``ClusterError`` when the
+    cluster cannot start or a process is lost; run the whole cluster again
+    to resume.
     """
     addrs = list(addresses or [])
     if not isinstance(worker_count_per_proc, int) or worker_count_per_proc < 1:
@@ -80,7 +89,7 @@ def cluster_main(
             raise ValueError(f"proc_id must be 0 for a one-process cluster; got {proc_id!r}")
         settings = None
     else:
-        settings = ClusterSettings.from_env(addrs, proc_id)
+        settings = ClusterSettings.from_env(addrs, proc_id, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca)
     execute(
         flow,
         worker_count=worker_count_per_proc,
