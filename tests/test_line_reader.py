@@ -269,7 +269,9 @@ def test_non_utf8_batches_before_the_bad_line_are_handed_out(tmp_path, block_siz
         part.next_batch()
     part.close()
     # Resumed at the bad line, the first call fails on it.
-    part = _LinePartition(path, 3, files._position(open(path, "rb"), 9), block_size=block_size)
+    with open(path, "rb") as f:
+        at_bad = files._position(f, 9)
+    part = _LinePartition(path, 3, at_bad, block_size=block_size)
     with pytest.raises(ValueError, match="byte 9"):
         part.next_batch()
     part.close()
