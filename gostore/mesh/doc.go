@@ -58,9 +58,28 @@
 // own knowledge of the secret; the server checks that proof and its
 // claims before it accepts. A process with the wrong secret gets nothing
 // but a challenge, and the server delivers nothing from an unproven
-// client. The handshake authenticates; it does not encrypt: frames travel
-// in clear text, so a cluster on an untrusted network belongs on a
-// private one. Without a secret every address must be loopback.
+// client. The handshake authenticates; it does not encrypt: without TLS
+// frames travel in clear text. Without a secret every address must be
+// loopback.
+//
+// # TLS
+//
+// Config.TLS (tls.go) adds TLS 1.3 under the handshake, which then runs
+// inside it unchanged. With a certificate and key every server presents
+// the certificate and every client checks it for the host of the peer's
+// address; with a CA file both ends check against that CA only and the
+// servers require a client certificate signed by it (mutual TLS). The
+// files are loaded and checked at Start (ErrConfig, naming the file),
+// including that the certificate is valid for this process's own host
+// and, with a CA, signed by it for both server and client use. A server
+// tells a plain-text peer from a TLS one by the connection's first byte:
+// a peer of the other kind, or one that fails the TLS handshake, is
+// refused before any byte of the protocol crosses, with one log line
+// naming its address and why (refusedConnection); it gets a TLS alert or
+// an empty HTTP/2 SETTINGS frame, so that a millpond peer names the
+// mismatch (ErrTLSMismatch) instead of calling it a foreign protocol. A
+// client that cannot verify the server, or whose certificate the server
+// refuses, fails its Start at once (ErrAuthentication).
 //
 // # Failure
 //
@@ -80,6 +99,6 @@
 // goroutine), inbox.go (the receive side: Drain, Wait, InboxLimit),
 // server.go (the service and the served half of a stream), dial.go
 // (dialing with retries, telling a foreign protocol), handshake.go,
-// codec.go, frame.go, liveness.go (heartbeat silence), stats.go,
-// errors.go.
+// tls.go (TLS files, credentials, refusals), codec.go, frame.go,
+// liveness.go (heartbeat silence), stats.go, errors.go.
 package mesh

@@ -130,6 +130,10 @@ def cli_main(
     if addrs and not 0 <= proc_id < len(addrs):
         raise ValueError(f"process_id must be between 0 and {len(addrs) - 1} for {len(addrs)} addresses, got {proc_id}")
     interval = _as_interval(epoch_interval)
+    tls: Dict[str, Optional[str]] = {}
+    if tls_cert is not None or tls_key is not None or tls_ca is not None:
+        # Only when set: cluster_main takes them from MILLPOND_TLS_* otherwise.
+        tls = {"tls_cert": tls_cert, "tls_key": tls_key, "tls_ca": tls_ca}
     cluster_main(
         flow,
         addrs,
@@ -137,9 +141,7 @@ def cli_main(
         epoch_interval=interval,
         recovery_config=recovery_config,
         worker_count_per_proc=workers_per_process,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        tls_ca=tls_ca,
+        **tls,
     )
 
 
