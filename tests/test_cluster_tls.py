@@ -205,16 +205,20 @@ def refusals(results: Sequence[Result]) -> List[str]:
 # 1. A cluster over mutual TLS
 
 
-@pytest.mark.parametrize("mode", ["ia-flags", "p-env"])
+@pytest.mark.parametrize("mode", ["ia-flags", "p-flags", "p-env"])
 def test_mutual_tls_cluster_gives_the_word_count(tmp_path: Path, pki: PKI, mode: str) -> None:
     """Two processes over mutual TLS, each with its own certificate (``-i``
-    / ``-a`` with the flags), or one ``-p 2`` launcher whose processes take
-    the files from ``MILLPOND_TLS_*``: the output is the word count of one
-    process, and every process says it joined over mutual TLS."""
+    / ``-a`` with the flags), or one ``-p 2`` launcher that hands its
+    processes the flags, or whose processes take the files from
+    ``MILLPOND_TLS_*``: the output is the word count of one process, and
+    every process says it joined over mutual TLS."""
     d = make_run_dir(tmp_path, files=4, lines=60, worker_counts=(2, 4))
     if mode == "ia-flags":
         results = run_cluster(d, tmp_path / "logs", "cflows:wordcount()", 2, 2, "ia",
                               lambda i: [*EPOCH, *tls_flags(pki.procs[i], pki.ca)], OK_ENV)
+    elif mode == "p-flags":
+        results = run_cluster(d, tmp_path / "logs", "cflows:wordcount()", 2, 2, "p",
+                              lambda i: [*EPOCH, *tls_flags(pki.procs[0], pki.ca)], OK_ENV)
     else:
         env = {**OK_ENV, "MILLPOND_TLS_CERT": str(pki.procs[0].cert), "MILLPOND_TLS_KEY": str(pki.procs[0].key),
                "MILLPOND_TLS_CA": str(pki.ca.file)}

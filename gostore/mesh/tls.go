@@ -50,13 +50,13 @@ type TLSFiles struct {
 func (f *TLSFiles) enabled() bool { return f != nil && *f != TLSFiles{} }
 
 // Record and frame bytes the servers answer a mismatched peer with.
-var (
+const (
 	// tlsAlert is a TLS fatal alert record (unexpected_message): what a
 	// TLS process answers a plain-text client with.
-	tlsAlert = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x0a}
+	tlsAlert = "\x15\x03\x03\x00\x02\x02\x0a"
 	// emptySettings is an HTTP/2 SETTINGS frame without settings: what a
 	// plain-text process answers a TLS client with.
-	emptySettings = []byte{0, 0, 0, 0x04, 0, 0, 0, 0, 0}
+	emptySettings = "\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 )
 
 // tlsHandshakeRecord is the first byte of every TLS ClientHello.
@@ -345,8 +345,8 @@ func (c *serverCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthI
 // what the peer still sends, briefly: a connection closed with unread
 // bytes ends in a reset, which can destroy the answer before the peer
 // reads it. (gRPC closes the connection afterwards.)
-func answerAndHangUp(c net.Conn, answer []byte) {
-	if _, err := c.Write(answer); err != nil {
+func answerAndHangUp(c net.Conn, answer string) {
+	if _, err := io.WriteString(c, answer); err != nil {
 		return
 	}
 	if tc, ok := c.(interface{ CloseWrite() error }); ok {

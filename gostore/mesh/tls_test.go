@@ -264,7 +264,7 @@ func knock(t *testing.T, addr string, wrap func(net.Conn) net.Conn) (raw, plain 
 	// The HTTP/2 preface and an empty SETTINGS frame, then junk where
 	// the stream would be: enough for any server to answer.
 	_, _ = conn.Write([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
-	_, _ = conn.Write(emptySettings)
+	_, _ = io.WriteString(conn, emptySettings)
 	_, _ = conn.Write(bytes.Repeat([]byte("frame"), 100))
 	plain, _ = io.ReadAll(conn)
 	return rec.read.Bytes(), plain, local
@@ -302,15 +302,15 @@ func TestTLSServerRefusesAndLogsPeersThatCannotAuthenticate(t *testing.T) {
 		mutual bool // the server has a CA
 		tls    bool // the server has TLS at all
 		client func(net.Conn) net.Conn
-		answer []byte // the bytes the server answers with (nil: TLS records that end in an alert)
+		answer string // the bytes the server answers with ("": TLS records that end in an alert)
 		reason string
 	}{
 		{"plain text to a TLS process", true, true, nil, tlsAlert, "it speaks plain text and this process requires TLS"},
 		{"plain text to a TLS process without a CA", false, true, nil, tlsAlert, "it speaks plain text and this process requires TLS"},
-		{"no client certificate", true, true, tlsClient(), nil, "it presented no client certificate"},
-		{"a certificate from another CA", true, true, tlsClient(other.clientCert(t, "intruder", leafOptions{})), nil,
+		{"no client certificate", true, true, tlsClient(), "", "it presented no client certificate"},
+		{"a certificate from another CA", true, true, tlsClient(other.clientCert(t, "intruder", leafOptions{})), "",
 			"its certificate is not signed by this process's CA"},
-		{"an expired certificate", true, true, tlsClient(ca.clientCert(t, "expired", leafOptions{notAfter: time.Now().Add(-time.Hour)})), nil,
+		{"an expired certificate", true, true, tlsClient(ca.clientCert(t, "expired", leafOptions{notAfter: time.Now().Add(-time.Hour)})), "",
 			"its certificate is not valid: x509: certificate has expired"},
 		{"TLS to a plain-text process", false, false, tlsClient(), emptySettings, "it speaks TLS and this process has no TLS"},
 	}
@@ -323,14 +323,14 @@ func TestTLSServerRefusesAndLogsPeersThatCannotAuthenticate(t *testing.T) {
 			var log logBuffer
 			m, addr, handled := startLonely(t, files, &log)
 			raw, plain, local := knock(t, addr, c.client)
-			if c.answer == nil {
+			if c.answer == "" {
 				// Through TLS: the handshake (or the first read after it)
 				// failed with the server's alert (encrypted in TLS 1.3),
 				// nothing was decrypted.
 				assert.Empty(t, plain)
 				assert.NotEmpty(t, raw)
 			} else {
-				assert.Equal(t, c.answer, raw)
+				assert.Equal(t, []byte(c.answer), raw)
 			}
 			var refused []string
 			eventually(t, 5*time.Second, func() bool {
@@ -536,9 +536,9 @@ func TestJudgeHeadTellsTLSFromHTTP2(t *testing.T) {
 		{"SETTINGS, TLS", settings, true, headPlain},
 		{"SETTINGS, four bytes, TLS", settings[:4], true, headPlain},
 		{"ServerHello, TLS", hello, true, headOK},
-		{"alert, TLS", tlsAlert, true, headOK},
+		{"alert, TLS", []byte(tlsAlert), true, headOK},
 		{"ServerHello, plain", hello, false, headTLS},
-		{"alert, plain", tlsAlert, false, headTLS},
+		{"alert, plain", []byte(tlsAlert), false, headTLS},
 		{"two bytes of a record", hello[:2], false, headUndecided},
 		{"0x16 then junk", []byte{0x16, 'x', 'y'}, true, headForeign},
 		{"HTTP/1.1, TLS", []byte("HTTP/1.1 400"), true, headForeign},
