@@ -179,7 +179,8 @@ static PyMethodDef methods[] = {
     // Cluster membership (cluster.go, cluster.c)
     {"cluster_open", py_cluster_open, METH_VARARGS,
      "cluster_open(options_json, secret) -> handle\n\nJoin the cluster: options index, addresses, identity,\n"
-     "start_timeout_seconds, peer_timeout_seconds, max_in_flight_bytes, inbox_limit_bytes; returns once every\n"
+     "start_timeout_seconds, peer_timeout_seconds, max_in_flight_bytes, inbox_limit_bytes, tls_cert, tls_key,\n"
+     "tls_ca (paths; cert and key turn TLS on, the CA makes it mutual); returns once every\n"
      "process is connected and agrees on identity (secret: b'' for none, loopback only)."},
     {"cluster_send", py_cluster_send, METH_VARARGS,
      "cluster_send(handle, process, data) -> None\n\nQueue an encoded exchange batch for a process; never blocks."},
