@@ -251,3 +251,63 @@ def poll_next_batch(part: Any, timeout: timedelta = timedelta(seconds=5)) -> Lis
         if time.monotonic() >= deadline:
             raise TimeoutError(f"no items within {timeout}")
         time.sleep(0.001)
+
+
+# --------------------------------------------------------------------------
+# Helpers for tests of time- and iterator-driven code (ffwd_iter,
+# TimeTestingGetter); self-contained, appended to __all__ here.
+
+import itertools as _itertools  # noqa: E402
+
+__all__ += ["ffwd_iter", "TimeTestingGetter"]
+
+
+def ffwd_iter(it: Iterator[Any], n: int) -> None:
+    """Advance the iterator ``it`` by ``n`` items (fewer if it ends first).
+
+    >>> it = iter(range(10))
+    >>> ffwd_iter(it, 3)
+    >>> next(it)
+    3
+
+    ``ValueError`` for a negative ``n``.
+    """
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"ffwd_iter: n must be an int >= 0; got {n!r}")
+    next(_itertools.islice(it, n, n), None)
+
+
+class TimeTestingGetter:
+    """A clock for tests: ``get()`` returns ``now`` until ``advance(td)``
+    moves it, so code that takes a ``now_getter`` (an event clock, a
+    ``TTLCache``, ``op.enrich_cached``) can be driven without sleeping.
+
+    Pass the bound method: ``TTLCache(lookup, clock.get, ttl)``. Use
+    UTC-aware datetimes with millpond's clocks and timers.
+
+    >>> from datetime import datetime, timedelta, timezone
+    >>> clock = TimeTestingGetter(datetime(2024, 1, 1, tzinfo=timezone.utc))
+    >>> clock.advance(timedelta(seconds=90))
+    >>> clock.get()
+    datetime.datetime(2024, 1, 1, 0, 1, 30, tzinfo=datetime.timezone.utc)
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, now: datetime) -> None:
+        if not isinstance(now, datetime):
+            raise TypeError(f"TimeTestingGetter needs a datetime; got {type(now).__name__}: {now!r:.80}")
+        self._now = now
+
+    def advance(self, td: timedelta) -> None:
+        """Move the clock by ``td`` (a negative ``td`` moves it back)."""
+        if not isinstance(td, timedelta):
+            raise TypeError(f"TimeTestingGetter.advance needs a timedelta; got {type(td).__name__}: {td!r:.80}")
+        self._now += td
+
+    def get(self) -> datetime:
+        """The current (test) time."""
+        return self._now
+
+    def __repr__(self) -> str:
+        return f"TimeTestingGetter({self._now!r})"

@@ -52,6 +52,8 @@ __all__ = [
     "branch",
     "collect",
     "count_final",
+    "enrich_cached",
+    "TTLCache",
     "filter",
     "filter_map",
     "filter_map_value",
@@ -457,6 +459,42 @@ def raises(step_id: str, up: Stream[Any]) -> None:
         return []
 
     flat_map_batch("flat_map_batch", up, shim)
+
+
+# enrich_cached: a map that joins items against a slow lookup, with a cache
+# (millpond.operators.enrich holds TTLCache).
+from millpond.operators.enrich import TTLCache, _utcnow as _enrich_utcnow  # noqa: E402
+
+
+@operator
+def enrich_cached(
+    step_id: str,
+    up: Stream[X],
+    getter: Callable[[Any], Any],
+    mapper: Callable[[TTLCache[Any, Any], X], Y],
+    ttl: timedelta = timedelta.max,
+    *,
+    now_getter: Callable[[], datetime] = _enrich_utcnow,
+) -> Stream[Y]:
+    """Emit ``mapper(cache, item)``, where ``cache.get(k)`` returns
+    ``getter(k)``, cached for ``ttl`` (default: forever).
+
+    The :class:`TTLCache` lives in the process running the flow and is
+    shared by its workers; it is not recovery state (a resumed run fetches
+    again). ``cache.remove(k)`` forgets a key. ``now_getter`` is the clock
+    (``millpond.testing.TimeTestingGetter(...).get`` in tests).
+    """
+    _check_callable(step_id, "getter", getter)
+    _check_callable(step_id, "mapper", mapper)
+    try:
+        cache: TTLCache[Any, Any] = TTLCache(getter, now_getter, ttl)
+    except (TypeError, ValueError) as ex:
+        raise type(ex)(f"step {step_id!r}: {ex}") from None
+
+    def shim(batch: List[X]) -> List[Y]:
+        return [mapper(cache, x) for x in batch]
+
+    return flat_map_batch("flat_map_batch", up, shim)
 
 
 # --------------------------------------------------------------------------
