@@ -175,19 +175,17 @@ def test_aborted_and_resumed_windows_emit_exactly_the_uninterrupted_output(sc: d
 
 def test_the_scenario_has_windows_late_items_and_merges() -> None:
     """The oracle is not vacuous: a fixed input of this shape emits windows,
-    late items, and (sessions) a merge."""
+    late items, and (sessions) a merge (the same outputs as Bytewax 0.21.1
+    gives for these inputs, ``merged_ids`` aside)."""
     data = [("a", (BASE + timedelta(seconds=s), i)) for i, s in enumerate([0, 50, 70, 5, 200, 140, 175])]
     tumbling = run_uninterrupted(data, "tumbling", 0, 2)
     assert {x[0] for x in tumbling} == {"down", "late", "meta"}
     assert ("late", "a", 0, 3) in tumbling  # ts 5 after the watermark reached 70
-    # 0 and 35 open two sessions (gap 30); 17 bridges them before the
-    # watermark (35 - 10) closes the first
-    data = [("a", (BASE + timedelta(seconds=s), i)) for i, s in enumerate([0, 35, 17, 200])]
+    # 0 and 35 open two sessions (gap 30); 28, not behind the watermark
+    # (35 - 10), bridges them before the first one closes
+    data = [("a", (BASE + timedelta(seconds=s), i)) for i, s in enumerate([0, 35, 28, 200])]
     session = run_uninterrupted(data, "session", 10, 1)
-    merged = [x for x in session if x[0] == "meta" and len(x[5]) > 1]
-    assert merged, session
-    assert [x[3] for x in session if x[0] == "down"] == [(0, 2, 1), (3,)] or \
-        sorted(x[3] for x in session if x[0] == "down") == [(0, 2, 1), (3,)], session
+    assert sorted(x[3] for x in session if x[0] == "down") == [(0, 2, 1), (3,)], session
 
 
 def test_one_fixed_scenario_with_three_aborts_and_1_3_2_1_workers(tmp_path: Path) -> None:
