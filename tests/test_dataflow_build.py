@@ -137,7 +137,7 @@ def test_flow_without_input_is_rejected_at_run():
 def test_flow_without_output_is_rejected_at_run():
     flow = Dataflow("f")
     op.map("m", op.input("inp", flow, TestingSource([1])), str)
-    with pytest.raises(ValueError, match="no output step"):
+    with pytest.raises(ValueError, match="no output or inspect step"):
         run_main(flow)
 
 

@@ -629,7 +629,8 @@ def test_flow_without_output_exits_2_naming_import_str(engine, flows_pkg, tmp_pa
     err = capsys.readouterr().err
     assert err == (
         f"python -m millpond.run: error: IMPORT_STR {flows_pkg}.bad:no_output(): the dataflow cannot run: "
-        "Dataflow 'noout' has no output step; add one with op.output(...)\n"
+        "Dataflow 'noout' has no output or inspect step; add one with op.output(...) "
+        "(or op.inspect(...) to only look at the items)\n"
     )
     assert engine.cluster == []
 

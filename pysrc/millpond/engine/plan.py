@@ -62,7 +62,9 @@ def compile_plan(flow: Dataflow) -> Plan:
     """Check and compile ``flow``.
 
     Raises ``TypeError`` for something that is not a ``Dataflow`` and
-    ``ValueError`` for a flow without an input or an output step.
+    ``ValueError`` for a flow without an input step, or without any step
+    that ends a path: an output or an inspect step (``op.inspect``,
+    ``op.inspect_debug``, ``op.raises``) is enough, as with Bytewax.
     """
     if not isinstance(flow, Dataflow):
         raise TypeError(f"expected a Dataflow to run; got {type(flow).__name__}: {flow!r:.80}")
@@ -72,9 +74,10 @@ def compile_plan(flow: Dataflow) -> Plan:
         raise ValueError(
             f"Dataflow {flow.flow_id!r} has no input step; add one with op.input(...)"
         )
-    if "output" not in kinds:
+    if "output" not in kinds and "inspect_debug" not in kinds:
         raise ValueError(
-            f"Dataflow {flow.flow_id!r} has no output step; add one with op.output(...)"
+            f"Dataflow {flow.flow_id!r} has no output or inspect step; add one with "
+            "op.output(...) (or op.inspect(...) to only look at the items)"
         )
     producer: Dict[str, Tuple[int, int]] = {}
     for i, s in enumerate(core):

@@ -450,15 +450,15 @@ def filter_map_value(
 
 @operator
 def raises(step_id: str, up: Stream[Any]) -> None:
-    """Fail the dataflow on the first item (useful in tests)."""
+    """Fail the dataflow on the first item (useful in tests).
+
+    An inspect step, so a flow may end in it without an ``op.output``."""
     _, me = _step_scope(up)
 
-    def shim(batch: List[Any]) -> List[Any]:
-        if batch:
-            raise RuntimeError(f"step {me!r} got an item: {batch[0]!r:.80}")
-        return []
+    def shim(_sid: str, item: Any, _epoch: int, _worker: int) -> None:
+        raise RuntimeError(f"step {me!r} got an item: {item!r:.80}")
 
-    flat_map_batch("flat_map_batch", up, shim)
+    inspect_debug("inspect_debug", up, shim)
 
 
 # enrich_cached: a map that joins items against a slow lookup, with a cache
