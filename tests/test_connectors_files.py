@@ -191,8 +191,17 @@ def test_dir_source_resumes_each_file_at_its_own_offset(tmp_path):
 
 
 def test_dir_source_fails_clearly_when_dir_is_missing(tmp_path):
-    with pytest.raises(NotADirectoryError, match="not a directory"):
-        DirSource(tmp_path / "nope").list_parts()
+    with pytest.raises(ValueError, match="does not exist"):
+        DirSource(tmp_path / "nope")
+
+
+def test_dir_source_fails_clearly_when_dir_goes_before_the_run(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    src = DirSource(d)
+    d.rmdir()
+    with pytest.raises(ValueError, match="does not exist"):
+        src.list_parts()
 
 
 # --- CSVSource -----------------------------------------------------------------

@@ -337,6 +337,13 @@ class FileSource(_OneFile, FixedPartitionedSource[str, SourcePosition]):
         return _LinePartition(self._path, self._batch_size, resume_state)
 
 
+def _check_dir(path: Path) -> None:
+    if not path.exists():
+        raise ValueError(f"DirSource: input directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise ValueError(f"DirSource: input directory {str(path)!r} is not a directory")
+
+
 class DirSource(FixedPartitionedSource[str, SourcePosition]):
     """Read every file in ``dir`` matching ``glob_pat``, one partition per file.
 
@@ -344,7 +351,8 @@ class DirSource(FixedPartitionedSource[str, SourcePosition]):
     spread over the workers. ``glob_pat`` is a :meth:`pathlib.Path.glob`
     pattern relative to ``dir`` (``"*.log"``, ``"**/*.txt"``); directories
     are skipped. The set of files is taken when the flow starts. Raises
-    ``NotADirectoryError`` at run time if ``dir`` is not a directory.
+    ``ValueError`` when the source is built if ``dir`` does not exist or is
+    not a directory (as Bytewax does).
     """
 
     def __init__(
@@ -356,13 +364,13 @@ class DirSource(FixedPartitionedSource[str, SourcePosition]):
     ) -> None:
         _check_batch_size(batch_size)
         self._dir = Path(dir)
+        _check_dir(self._dir)
         self._glob_pat = glob_pat
         self._batch_size = batch_size
         self._get_fs_id = get_fs_id
 
     def list_parts(self) -> List[str]:
-        if not self._dir.is_dir():
-            raise NotADirectoryError(f"DirSource: {self._dir} is not a directory")
+        _check_dir(self._dir)  # again: it may have gone since the flow was built
         fs_id = _fs_id(self._get_fs_id, self._dir)
         rels = sorted(
             p.relative_to(self._dir).as_posix() for p in self._dir.glob(self._glob_pat) if p.is_file()
