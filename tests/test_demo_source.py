@@ -138,3 +138,29 @@ def test_resume_state_is_the_number_emitted():
     assert part.snapshot() == 5
     with pytest.raises(StopIteration):
         part.next_batch()
+
+
+def test_several_metrics_on_several_workers_resume_with_another_worker_count(tmp_path):
+    from millpond.testing import cluster_main
+
+    (tmp_path / "state").mkdir()
+    cfg = RecoveryConfig(tmp_path / "state", backup=str(tmp_path / "backup"))
+    gens = {name: AbortOnce(abort_at=3 if name == "b" else 100) for name in "abc"}
+    out: list = []
+    flow = Dataflow("multi")
+    ins = [op.input(f"in_{n}", flow, RandomMetricSource(n, interval=ZERO, count=6, next_random=gens[n])) for n in "abc"]
+    op.output("out", op.merge("all", *ins), TestingSink(out))
+    cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=cfg, worker_count_per_proc=3)
+    first = len(out)
+    assert first < 18
+    # (the abort in b's partition stops the whole execution)
+    cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=cfg, worker_count_per_proc=2)
+    per_metric = {n: sum(1 for name, _ in out if name == n) for n in "abc"}
+    # each metric emitted its 6 items; items after the last committed epoch
+    # of the aborted run may be emitted again, but the resumed run did not
+    # start the count over
+    assert all(6 <= c < 12 for c in per_metric.values()), per_metric
+    assert len(out) - first < 18
+    total = len(out)
+    cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=cfg, worker_count_per_proc=1)
+    assert len(out) == total  # the counts are used up

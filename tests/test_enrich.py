@@ -182,3 +182,20 @@ def test_map_dict_value_errors_and_mapping_types():
         f(5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="callable"):
         map_dict_value("n", 3)  # type: ignore[arg-type]
+
+
+def test_enrich_cached_with_several_workers():
+    from millpond.testing import cluster_main
+
+    clock = TimeTestingGetter(T0)
+    lookup = Lookup()
+    out: list = []
+    flow = Dataflow("enrich_workers")
+    s = op.input("inp", flow, TestingSource([f"k{i % 4}" for i in range(40)], batch_size=3))
+    s = op.redistribute("spread", s)
+    s = op.enrich_cached("lookup", s, lookup, lambda cache, k: (k, cache.get(k)), now_getter=clock.get)
+    op.output("out", s, TestingSink(out))
+    cluster_main(flow, [], 0, worker_count_per_proc=3)
+    assert sorted(out) == sorted((f"k{i % 4}", f"k{i % 4}-v1") for i in range(40))
+    # one cache per process, shared by its workers: each key fetched once
+    assert sorted(lookup.calls) == ["k0", "k1", "k2", "k3"]
