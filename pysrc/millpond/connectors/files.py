@@ -5,7 +5,8 @@ Sources read lines (``FileSource``, ``DirSource``) or CSV rows
 emitted, with a checksum of the bytes just before it; a resumed run seeks
 there, and logs a warning when those bytes changed (the file was replaced
 since the snapshot, so the resumed run would mix two inputs). Sinks (``FileSink``, ``DirSink``) write
-``str`` values followed by ``end``, snapshot the byte offset they have
+``str`` values followed by ``end`` (each batch flushed to the OS as it is
+written, so ``tail -f`` follows the output), snapshot the byte offset they have
 written (after an ``fsync``, since the snapshot claims the bytes are on
 disk) and, when resumed, truncate the file back to that offset before
 writing. A flow from file sources to file sinks therefore produces exactly
@@ -484,7 +485,8 @@ class CSVSource(_OneFile, FixedPartitionedSource[Dict[str, Any], SourcePosition]
 
 
 class _FileSinkPartition(StatefulSinkPartition[str, int]):
-    """Appends values; the resume state is the byte length of the file."""
+    """Appends values, flushed per batch; the resume state is the byte
+    length of the file (flushed and fsynced when snapshotted)."""
 
     def __init__(self, path: Path, end: str, resume_state: Optional[int]) -> None:
         self._path = path
@@ -515,7 +517,12 @@ class _FileSinkPartition(StatefulSinkPartition[str, int]):
                 f"{self._path}: file sinks write str values, got {type(bad).__name__} "
                 f"{bad!r:.80}; convert first, e.g. op.map_value('fmt', stream, str)"
             ) from None
-        self._f.write(data.encode("utf-8"))
+        f = self._f
+        f.write(data.encode("utf-8"))
+        # Hand every batch to the OS at once, so a reader (tail -f) sees it
+        # and a crash without recovery loses only the batch in hand. With
+        # recovery, bytes past the last snapshot are truncated on resume.
+        f.flush()
 
     def snapshot(self) -> int:
         self._f.flush()
