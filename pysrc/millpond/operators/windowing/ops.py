@@ -182,7 +182,9 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
         buf = self.buffer
         while buf and buf[0][0] <= wm:
             ts, _, v = heapq.heappop(buf)
-            self._close_upto(ts, out)
+            # windows that closed before this item's time close first (one
+            # closing exactly at it, a gap-0 session, may still take it)
+            self._close_upto(ts, out, strict=True)
             self._apply(ts, ts, v, out)
         self._close_upto(wm, out)
 
@@ -204,11 +206,13 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
         for wid in late:
             out.append((_LATE, (wid, v)))
 
-    def _close_upto(self, t: datetime, out: List[Any]) -> None:
-        if not self.metas or self.next_close > t:
+    def _close_upto(self, t: datetime, out: List[Any], strict: bool = False) -> None:
+        if not self.metas or self.next_close > t or (strict and self.next_close == t):
             return
         metas = self.metas
-        due = sorted((m.close_time, wid) for wid, m in metas.items() if m.close_time <= t)
+        due = sorted(
+            (m.close_time, wid) for wid, m in metas.items() if m.close_time < t or (not strict and m.close_time == t)
+        )
         for _, wid in due:
             logic = self.windows.pop(wid)
             meta = metas.pop(wid)
