@@ -234,6 +234,9 @@ class _EpochLoop:
             while True:
                 now = clock.now()
                 emitted = False
+                if not ready:
+                    for worker in workers:
+                        worker.fire_timers(now)  # due timers before new input
                 if not ready and not exchange.congested():
                     for worker in workers:
                         if worker.poll_inputs(now):

@@ -2,8 +2,10 @@
 
 Items are routed to the worker that owns their key
 (``millpond.keygroup.worker_for_key``) and buffered per key; an activation
-then calls, per key, ``on_batch`` with the queued values, ``on_notify`` if
-the key's time has come, and asks ``notify_at`` again. When every input the
+then calls, per key, ``on_notify`` if the key's time had already come (a
+due timer fires before the values that arrive after it), ``on_batch`` with
+the queued values, and asks ``notify_at`` again. The worker also fires due
+timers before it polls new input (``Worker.fire_timers``). When every input the
 step reads from has ended, ``on_eof`` runs for every key of the worker in
 sorted key order. A ``DISCARD`` result drops the key from the store (its next
 snapshot is a deletion) and cancels its timer.
@@ -137,6 +139,15 @@ class StatefulBatchRuntime(StepRuntime):
             logic = self.store.get_or_build(self.step_id, key)
         except Exception as ex:
             raise self.fail(ex, key=key, what="builder") from ex
+        if self.timers:
+            at = self.timers.get(key)
+            # A timer that is already due fires before the new values are
+            # applied; a key it discards starts afresh for them.
+            if at is not None and at <= now and self._fire(key, logic):
+                try:
+                    logic = self.store.get_or_build(self.step_id, key)
+                except Exception as ex:
+                    raise self.fail(ex, key=key, what="builder") from ex
         try:
             out, discard = logic.on_batch(values)
             self._out.extend([(key, o) for o in out])
@@ -145,10 +156,6 @@ class StatefulBatchRuntime(StepRuntime):
         if discard:
             self._discard(key)
             return
-        if self.timers:
-            at = self.timers.get(key)
-            if at is not None and at <= now and self._fire(key, logic):
-                return
         cls = logic_class(logic)
         has_timers = self._timer_classes.get(cls)
         if has_timers is None:

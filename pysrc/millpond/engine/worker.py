@@ -127,6 +127,15 @@ class Worker:
         self._activation_done()
         return emitted
 
+    def fire_timers(self, now: datetime) -> None:
+        """Run the stateful steps that have a timer due at ``now``: the
+        epoch loop calls this before polling new input, so due timers fire
+        before anything polled after them."""
+        for rt in self.stateful:
+            if rt.heap and rt.heap[0][0] <= now:
+                rt.activate(now, True)
+        self._activation_done()
+
     def pump(self, now: datetime, fire_timers: bool) -> bool:
         """Take delivered messages and run stateful steps; True if any work."""
         did = False
