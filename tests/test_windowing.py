@@ -443,7 +443,6 @@ def test_timer_closes_windows_while_input_is_idle() -> None:
     assert out == [("a", (0, 1)), ("a", (500, 1))]
     # window 0 closed (0.2 s + 0.1 s wait) before the pause ended
     assert seen["closed0"] < seen["ts100"]
-    assert seen["closed0"] - seen["ts0"] < 0.7
 
 
 # --- unit level ---------------------------------------------------------------------
