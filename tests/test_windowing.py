@@ -552,3 +552,18 @@ def test_resumed_windowed_flow_emits_what_an_uninterrupted_run_emits(tmp_path: A
     for w in workers:
         cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=cfg, worker_count_per_proc=w)
     assert normalized(outs) == normalized(ref)
+
+
+def test_notify_that_finds_nothing_due_stops_waking_instead_of_looping() -> None:
+    from millpond.operators.windowing.ops import _WindowStep
+
+    # now_getter stuck: the engine's timer fires but the clock sees no time pass
+    clock = win.EventClock(ts_of, ZERO, now_getter=lambda: T0)
+    step = _WindowStep(clock, tumbling(), Fold, True, None)
+    step.on_batch([1])
+    assert step.notify_at() == T0 + timedelta(seconds=9)  # window 0 closes 9 s after item 1 was seen
+    out, discard = step.on_notify()
+    assert list(out) == [] and discard is False
+    assert step.notify_at() is None
+    out, _ = step.on_batch([10])
+    assert [x for x in out if x[0] == 0] == [(0, (0, (1,)))]
