@@ -22,7 +22,8 @@ this execution's input there (a resumed execution continues after it),
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence as _Sequence
+from collections.abc import Sequence as _Sequence, Sized as _Sized
+from itertools import islice as _islice
 from datetime import datetime, timedelta, timezone
 from typing import Any, Iterable, Iterator, List, Optional, Sequence, Set, TypeVar
 
@@ -42,76 +43,66 @@ __all__ = [
 X = TypeVar("X")
 
 
-# The end of the items, and "nothing looked ahead yet".
+# The end of the items.
 _END: Any = object()
-_NOTHING: Any = object()
 
 
 class _TestingPartition(StatefulSourcePartition[Any, int]):
     """Reads a source's items from index ``resume_state`` on.
 
-    A sequence is indexed lazily (items appended between runs are seen);
-    any other iterable is iterated once, skipping the items a resumed run
-    already emitted.
+    Items are indexed in the source's sequence (for an iterator, the list
+    of what it yielded so far, extended as the partition reads on). An
+    ``ABORT()`` that already fired is skipped as if it were not there: it
+    neither ends a batch nor fires again.
     """
 
     def __init__(self, source: "TestingSource[Any]", resume_state: Optional[int]) -> None:
         self._source = source
         self._idx = 0 if resume_state is None else resume_state
         self._awake: Optional[datetime] = None
-        items = source._items
-        self._seq: Optional[Sequence[Any]] = items if isinstance(items, _Sequence) else None
-        self._it: Optional[Iterator[Any]] = None
-        self._ahead: Any = _NOTHING
-        if self._seq is None:
-            self._it = iter(items)
-            for _ in range(self._idx):
-                if next(self._it, _END) is _END:
-                    break
 
     def _peek(self) -> Any:
-        if self._seq is not None:
-            return self._seq[self._idx] if self._idx < len(self._seq) else _END
-        if self._ahead is _NOTHING:
-            assert self._it is not None
-            self._ahead = next(self._it, _END)
-        return self._ahead
-
-    def _advance(self) -> None:
-        self._idx += 1
-        self._ahead = _NOTHING
+        source = self._source
+        source._fill(self._idx + 1)
+        seq = source._seq
+        return seq[self._idx] if self._idx < len(seq) else _END
 
     def next_batch(self) -> List[Any]:
         self._awake = None
-        out = self._take_sequence() if self._seq is not None else self._take_iterated()
+        out = self._take()
         if out:
             return out
         return self._at_marker_or_end()
 
-    def _take_sequence(self) -> List[Any]:
-        """Up to a batch of plain items from a sequence, sliced at once (the
-        source of the throughput benchmarks: no call per item)."""
-        assert self._seq is not None
-        start = self._idx
-        chunk = self._seq[start:start + self._source._batch_size]
-        if type(chunk) is not list:
-            chunk = list(chunk)
-        for i, item in enumerate(chunk):
-            if isinstance(item, _Marker):
-                del chunk[i:]
-                break
-        self._idx = start + len(chunk)
-        return chunk
-
-    def _take_iterated(self) -> List[Any]:
+    def _take(self) -> List[Any]:
+        """Up to a batch of plain items, sliced at once (the source of the
+        throughput benchmarks: no call per item); a marker ends the batch,
+        except an ABORT that already fired."""
+        source = self._source
+        size = source._batch_size
         out: List[Any] = []
-        while len(out) < self._source._batch_size:
-            item = self._peek()
-            if item is _END or isinstance(item, _Marker):
-                break
-            out.append(item)
-            self._advance()
-        return out
+        while True:
+            start = self._idx
+            want = size - len(out)
+            source._fill(start + want)
+            chunk = source._seq[start:start + want]
+            if type(chunk) is not list:
+                chunk = list(chunk)
+            marker: Any = None
+            for i, item in enumerate(chunk):
+                if isinstance(item, _Marker):
+                    marker = item
+                    del chunk[i:]
+                    break
+            self._idx = start + len(chunk)
+            if out:
+                out.extend(chunk)
+            else:
+                out = chunk
+            if isinstance(marker, TestingSource.ABORT) and self._idx in source._fired:
+                self._idx += 1
+                continue
+            return out
 
     def _at_marker_or_end(self) -> List[Any]:
         """No plain item is next: the end, or a marker, which takes effect now."""
@@ -120,19 +111,19 @@ class _TestingPartition(StatefulSourcePartition[Any, int]):
             if item is _END:
                 raise StopIteration()
             if isinstance(item, TestingSource.EOF):
-                self._advance()
+                self._idx += 1
                 raise StopIteration()
             if isinstance(item, TestingSource.ABORT):
                 if self._idx not in self._source._fired:
                     self._source._fired.add(self._idx)
                     raise AbortExecution(f"TestingSource.ABORT() at item {self._idx}")
-                self._advance()
-                out = self._take_sequence() if self._seq is not None else self._take_iterated()
+                self._idx += 1
+                out = self._take()
                 if out:
                     return out
                 continue
             assert isinstance(item, TestingSource.PAUSE)
-            self._advance()
+            self._idx += 1
             self._awake = datetime.now(timezone.utc) + item.duration
             return []
 
@@ -151,12 +142,19 @@ class TestingSource(FixedPartitionedSource[X, int]):
     """A one-partition source over any iterable, that resumes by position.
 
     A list (any sequence) is read lazily, so items appended between runs are
-    seen by the next run; a generator or other iterable is iterated once
-    per run, and a resumed run skips the items already emitted (give a
-    resumed run an iterable that yields the same items again).
-    ``batch_size`` items go into each batch (markers end a batch early).
-    ``ValueError`` for a ``batch_size`` below 1, ``TypeError`` for
-    something that is not iterable.
+    seen by the next run. A set, a dict view or another sized collection is
+    copied into a list when the source is made. A generator or other
+    iterator is consumed once, lazily (an endless one works), and the
+    source keeps what it yielded: every run of the same source (a resumed
+    one, or the same flow run again) sees the same items, in the same
+    order, and the iterator is never restarted. (So it holds every item
+    read so far in memory; pass a list to share one.) A new
+    ``TestingSource`` over a generator that another one consumed sees
+    only what is left of it.
+    ``batch_size`` items go into each batch (markers end a batch early;
+    an ``ABORT()`` that already fired does not). ``ValueError`` for a
+    ``batch_size`` below 1, ``TypeError`` for something that is not
+    iterable.
 
     >>> from millpond.testing import poll_next_batch
     >>> part = TestingSource((n * n for n in range(5)), batch_size=2).build_part("s", "iterable", None)
@@ -200,6 +198,29 @@ class TestingSource(FixedPartitionedSource[X, int]):
         self._batch_size = batch_size
         # Indexes of ABORT markers that already fired for this source.
         self._fired: Set[int] = set()
+        # The items by index: the sequence itself, or a list of what the
+        # iterator ``_it`` yielded so far (``_fill`` reads on).
+        self._it: Optional[Iterator[Any]] = None
+        self._seq: Sequence[Any]
+        if isinstance(items, _Sequence):
+            self._seq = items
+        elif isinstance(items, _Sized):
+            self._seq = list(items)
+        else:
+            self._seq = []
+            self._it = iter(items)
+
+    def _fill(self, n: int) -> None:
+        """Read the iterator on until ``n`` items are known (or it ends)."""
+        it = self._it
+        if it is None:
+            return
+        seq = self._seq
+        assert isinstance(seq, list)
+        if len(seq) < n:
+            seq.extend(_islice(it, n - len(seq)))
+            if len(seq) < n:
+                self._it = None  # ended
 
     def list_parts(self) -> List[str]:
         return ["iterable"]
