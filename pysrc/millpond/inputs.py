@@ -235,8 +235,9 @@ class _SimplePollingPartition(StatefulSourcePartition[X, None]):
 class SimplePollingSource(FixedPartitionedSource[X, None]):
     """Call :meth:`next_item` every ``interval``; each result is one item.
 
-    It has a single partition (so it runs on one worker) and no resume
-    state: a resumed run simply starts polling again. Return ``None`` from
+    It has a single partition (so it runs on one worker) and keeps no
+    resume state (its snapshot is ``None``): a resumed run simply starts
+    polling again, as with Bytewax. Return ``None`` from
     :meth:`next_item` to emit nothing this time, raise
     ``SimplePollingSource.Retry(timeout)`` to try again sooner (or later)
     than the interval, and raise ``StopIteration`` to end the input.
@@ -264,7 +265,11 @@ class SimplePollingSource(FixedPartitionedSource[X, None]):
 
     def __init__(self, interval: timedelta, align_to: Optional[datetime] = None) -> None:
         if not isinstance(interval, timedelta) or interval <= timedelta(0):
-            raise ValueError(f"interval must be a positive timedelta, got {interval!r}")
+            raise ValueError(
+                f"SimplePollingSource: interval must be a positive timedelta, got {interval!r} "
+                "(interval=0 would call next_item in a busy loop; return a list from a "
+                "custom source's next_batch for items that are ready at once)"
+            )
         if align_to is not None and align_to.tzinfo is None:
             raise ValueError("align_to must be timezone-aware; use datetime(..., tzinfo=timezone.utc)")
         self._interval = interval
