@@ -149,7 +149,8 @@ def scenarios(draw: Any) -> dict:
     keys = draw(st.lists(st.integers(0, n_keys - 1), min_size=n, max_size=n))
     steps = draw(st.lists(st.integers(0, 25), min_size=n, max_size=n))
     # mostly in order; some items a little out of order, a few far behind (late)
-    jitters = draw(st.lists(st.one_of(st.just(0), st.integers(1, 15), st.integers(60, 240)), min_size=n, max_size=n))
+    jitters = [0 if j < 70 else (1 + j % 15 if j < 92 else 60 + (j * 17) % 180)
+               for j in draw(st.lists(st.integers(0, 99), min_size=n, max_size=n))]
     aborts = sorted(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3)))
     return {
         "data": event_items(keys, steps, jitters),
@@ -162,7 +163,7 @@ def scenarios(draw: Any) -> dict:
     }
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenarios())
 def test_aborted_and_resumed_windows_emit_exactly_the_uninterrupted_output(sc: dict) -> None:
     expected = run_uninterrupted(sc["data"], sc["kind"], sc["wait_s"], sc["batch_size"])

@@ -91,7 +91,7 @@ def get_flow(src, dst, delay=0.0):
     windower = win.TumblingWindower(length=timedelta(minutes=1), align_to=BASE)
     wo = win.count_window("count", lines, clock, windower, line_key)
     out = op.merge("both", op.map("fmt_count", wo.down, fmt_count), op.map("fmt_late", wo.late, fmt_late))
-    op.output("out", out, FileSink(dst))
+    op.output("out", op.key_on("all", out, lambda _x: "all"), FileSink(dst))
     return flow
 """
 
