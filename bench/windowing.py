@@ -243,7 +243,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{kind:<18}" + "".join(f"{med[w]:>15,.0f}" for w in runs))
         outs = {w: {r["out"] for r in res["runs"][f"{kind}/{w}"]} for w in runs}
         if len({o for s in outs.values() for o in s}) != 1:
-            print(f"  WARNING: {kind}: output counts differ between runs: {outs}")
+            # a few in a million differ on the session flow: Bytewax 0.21.1 joins items exactly
+            # `gap` apart into one session, millpond starts a new one (docs/benchmarks.md, Windowing)
+            print(f"  note: {kind}: output counts differ between runs: {outs}")
     print()
     for kind in kinds:
         ratios = {
