@@ -29,6 +29,27 @@ def _utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def to_snapshot_time(t: Optional[datetime]) -> Any:
+    """``t`` as it goes into a snapshot: a UTC datetime as microseconds since
+    1970 (an int pickles in a fraction of a datetime's time, and a key's
+    snapshot is rewritten every epoch it is touched); anything else as is."""
+    if t is not None and t.tzinfo is timezone.utc:
+        return (t - _EPOCH) // _MICROSECOND
+    return t
+
+
+def from_snapshot_time(t: Any) -> Any:
+    """The inverse of :func:`to_snapshot_time` (older snapshots hold
+    datetimes, which pass through)."""
+    if type(t) is int:
+        return _EPOCH + timedelta(microseconds=t)
+    return t
+
+
 def _identity_time(t: datetime) -> Optional[datetime]:
     return t
 
@@ -128,7 +149,7 @@ class _EventClockLogic(ClockLogic):
             self.seen_at: Optional[datetime] = None
             self.floor = UTC_MIN
         else:
-            self.max_seen, self.seen_at, self.floor = resume
+            self.max_seen, self.seen_at, self.floor = (from_snapshot_time(t) for t in resume)
 
     def before_batch(self) -> None:
         self.now = _check_aware("now_getter", self.clock.now_getter())
@@ -166,7 +187,7 @@ class _EventClockLogic(ClockLogic):
         return self.clock.to_system_utc(at)
 
     def snapshot(self) -> Any:
-        return (self.max_seen, self.seen_at, self.floor)
+        return (to_snapshot_time(self.max_seen), to_snapshot_time(self.seen_at), to_snapshot_time(self.floor))
 
 
 class EventClock(Clock):

@@ -27,7 +27,7 @@ from millpond.operators import (
     merge,
     stateful_batch,
 )
-from millpond.operators.windowing.clock import UTC_MAX, Clock, ClockLogic
+from millpond.operators.windowing.clock import UTC_MAX, Clock, ClockLogic, from_snapshot_time, to_snapshot_time
 from millpond.operators.windowing.logic import WindowLogic, WindowMetadata, WindowOut
 from millpond.operators.windowing.windower import Windower, WindowerLogic
 
@@ -52,7 +52,9 @@ _DOWN = 0
 _LATE = 1
 _META = 2
 
-_SNAPSHOT_VERSION = 1
+#: 2: times as microseconds since 1970 (to_snapshot_time); 1: datetimes.
+_SNAPSHOT_VERSION = 2
+_SNAPSHOT_VERSIONS = (1, 2)
 
 
 class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
@@ -90,14 +92,16 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
             self.windower: WindowerLogic = windower.build(None)
         else:
             version, clock_s, windower_s, windows_s, buffer_s, self.seq = resume
-            if version != _SNAPSHOT_VERSION:
+            if version not in _SNAPSHOT_VERSIONS:
                 raise ValueError(f"unknown windowing snapshot version {version!r}")
             self.clock = clock.build(clock_s)
             self.windower = windower.build(windower_s)
             for wid, open_time, close_time, merged, logic_s in windows_s:
-                self.metas[wid] = WindowMetadata(open_time, close_time, set(merged))
+                self.metas[wid] = WindowMetadata(
+                    from_snapshot_time(open_time), from_snapshot_time(close_time), set(merged)
+                )
                 self.windows[wid] = builder(logic_s)
-            self.buffer = list(buffer_s)
+            self.buffer = [(from_snapshot_time(ts), seq, v) for ts, seq, v in buffer_s]
             heapq.heapify(self.buffer)
         self.next_close = min((m.close_time for m in self.metas.values()), default=UTC_MAX)
         self.wake: Optional[datetime] = self._compute_wake()
@@ -151,11 +155,17 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
             self.clock.snapshot(),
             self.windower.snapshot(),
             tuple(
-                (wid, m.open_time, m.close_time, tuple(sorted(m.merged_ids)), logic.snapshot())
+                (
+                    wid,
+                    to_snapshot_time(m.open_time),
+                    to_snapshot_time(m.close_time),
+                    tuple(sorted(m.merged_ids)) if m.merged_ids else (),
+                    logic.snapshot(),
+                )
                 for wid, logic in self.windows.items()
                 for m in (metas[wid],)
             ),
-            tuple(self.buffer),
+            tuple((to_snapshot_time(ts), seq, v) for ts, seq, v in self.buffer) if self.buffer else (),
             self.seq,
         )
 
