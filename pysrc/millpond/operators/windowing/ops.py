@@ -18,7 +18,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from millpond.dataflow import Stream, operator
 from millpond.logic import StatefulBatchLogic
-from millpond.operators import (
+from millpond.operators import (  # _UNSET: also the name pickled snapshots of reduce_window refer to
+    _UNSET,
     JoinEmitMode,
     JoinInsertMode,
     flat_map_batch,
@@ -393,17 +394,6 @@ def count_window(
     stream; the clock sees the items themselves."""
     keyed = key_on("key", up, key)
     return fold_window("fold_window", keyed, clock, windower, _zero, _count_one, _add)
-
-
-class _Unset:
-    def __repr__(self) -> str:
-        return "<unset>"
-
-    def __reduce__(self) -> str:
-        return "_UNSET"
-
-
-_UNSET: Any = _Unset()
 
 
 @operator
