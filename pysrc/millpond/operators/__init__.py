@@ -788,7 +788,10 @@ JoinInsertMode = Literal["first", "last", "product"]
 JoinEmitMode = Literal["complete", "final", "running"]
 
 
-class _JoinLogic(StatefulBatchLogic[Tuple[int, Any], Tuple[Any, ...], Tuple[Tuple[Any, ...], ...]]):
+class _JoinSides:
+    """The values a join keeps per side and the rows it emits: ``join`` per
+    key, ``windowing.join_window`` per key and window."""
+
     __slots__ = ("sides", "insert_mode", "emit_mode", "seen")
 
     def __init__(self, sides: int, insert_mode: str, emit_mode: str, resume: Any) -> None:
@@ -802,23 +805,42 @@ class _JoinLogic(StatefulBatchLogic[Tuple[int, Any], Tuple[Any, ...], Tuple[Tupl
     def _rows(self) -> List[Tuple[Any, ...]]:
         return list(itertools.product(*(vs if vs else [None] for vs in self.seen)))
 
+    def _insert(self, side: int, vs: List[Any]) -> None:
+        """Take ``vs``, in order, into ``side`` as the insert mode says."""
+        if not vs:
+            return
+        mode = self.insert_mode
+        if mode == "last":
+            self.seen[side] = [vs[-1]]
+        elif mode == "first":
+            if not self.seen[side]:
+                self.seen[side] = [vs[0]]
+        else:
+            self.seen[side].extend(vs)
+
+    def _after_insert(self) -> List[Tuple[Any, ...]]:
+        """The rows the emit mode emits after an insert ("complete" then
+        starts over)."""
+        if self.emit_mode == "running":
+            return self._rows()
+        if self.emit_mode == "complete" and all(self.seen):
+            rows = self._rows()
+            self.seen = [[] for _ in range(self.sides)]
+            return rows
+        return []
+
+    def snapshot(self) -> Tuple[Tuple[Any, ...], ...]:
+        return tuple(tuple(vs) for vs in self.seen)
+
+
+class _JoinLogic(_JoinSides, StatefulBatchLogic[Tuple[int, Any], Tuple[Any, ...], Tuple[Tuple[Any, ...], ...]]):
+    __slots__ = ()
+
     def on_batch(self, values: List[Tuple[int, Any]]) -> Tuple[Iterable[Tuple[Any, ...]], bool]:
         out: List[Tuple[Any, ...]] = []
-        mode = self.insert_mode
         for side, v in values:
-            vals = self.seen[side]
-            if mode == "last":
-                self.seen[side] = [v]
-            elif mode == "first":
-                if not vals:
-                    vals.append(v)
-            else:
-                vals.append(v)
-            if self.emit_mode == "running":
-                out.extend(self._rows())
-            elif self.emit_mode == "complete" and all(self.seen):
-                out.extend(self._rows())
-                self.seen = [[] for _ in range(self.sides)]
+            self._insert(side, [v])
+            out.extend(self._after_insert())
         if self.emit_mode == "complete":
             return out, not any(self.seen)
         return out, False
@@ -828,8 +850,18 @@ class _JoinLogic(StatefulBatchLogic[Tuple[int, Any], Tuple[Any, ...], Tuple[Tupl
             return self._rows(), True
         return (), True
 
-    def snapshot(self) -> Tuple[Tuple[Any, ...], ...]:
-        return tuple(tuple(vs) for vs in self.seen)
+
+def _check_join_modes(step_id: str, insert_mode: str, emit_mode: str) -> None:
+    if insert_mode not in ("first", "last", "product"):
+        raise ValueError(
+            f"step {step_id!r}: insert_mode must be 'first', 'last' or 'product'; "
+            f"got {insert_mode!r}"
+        )
+    if emit_mode not in ("complete", "final", "running"):
+        raise ValueError(
+            f"step {step_id!r}: emit_mode must be 'complete', 'final' or 'running'; "
+            f"got {emit_mode!r}"
+        )
 
 
 def _tag_side(side: int, value: Any) -> Tuple[int, Any]:
@@ -851,16 +883,7 @@ def join(
     forgets the key; ``"final"`` emits what it has at EOF (missing sides are
     ``None``); ``"running"`` emits on every value (missing sides ``None``).
     """
-    if insert_mode not in ("first", "last", "product"):
-        raise ValueError(
-            f"step {step_id!r}: insert_mode must be 'first', 'last' or 'product'; "
-            f"got {insert_mode!r}"
-        )
-    if emit_mode not in ("complete", "final", "running"):
-        raise ValueError(
-            f"step {step_id!r}: emit_mode must be 'complete', 'final' or 'running'; "
-            f"got {emit_mode!r}"
-        )
+    _check_join_modes(step_id, insert_mode, emit_mode)
     if not sides:
         raise TypeError(f"step {step_id!r}: join needs at least one side")
     tagged = [

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import itertools
 from datetime import datetime
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
@@ -21,6 +20,9 @@ from millpond.logic import StatefulBatchLogic
 from millpond.operators import (  # _UNSET: also the name pickled snapshots of reduce_window refer to
     _UNSET,
     JoinEmitMode,
+    _check_join_modes,
+    _JoinSides,
+    _tag_side,
     JoinInsertMode,
     flat_map_batch,
     key_on,
@@ -450,45 +452,13 @@ def min_window(
     return reduce_window("reduce_window", up, clock, windower, lambda a, b: min(a, b, key=by))
 
 
-class _JoinWindowLogic(WindowLogic[Tuple[int, Any], Tuple[Any, ...], Tuple[Tuple[Any, ...], ...]]):
-    __slots__ = ("sides", "insert_mode", "emit_mode", "seen")
-
-    def __init__(self, sides: int, insert_mode: str, emit_mode: str, resume: Any) -> None:
-        self.sides = sides
-        self.insert_mode = insert_mode
-        self.emit_mode = emit_mode
-        self.seen: List[List[Any]] = (
-            [[] for _ in range(sides)] if resume is None else [list(vs) for vs in resume]
-        )
-
-    def _rows(self) -> List[Tuple[Any, ...]]:
-        return list(itertools.product(*(vs if vs else [None] for vs in self.seen)))
-
-    def _insert(self, side: int, vs: List[Any]) -> None:
-        mode = self.insert_mode
-        if not vs:
-            return
-        if mode == "last":
-            self.seen[side] = [vs[-1]]
-        elif mode == "first":
-            if not self.seen[side]:
-                self.seen[side] = [vs[0]]
-        else:
-            self.seen[side].extend(vs)
+class _JoinWindowLogic(_JoinSides, WindowLogic[Tuple[int, Any], Tuple[Any, ...], Tuple[Tuple[Any, ...], ...]]):
+    __slots__ = ()
 
     def on_value(self, value: Tuple[int, Any]) -> Iterable[Tuple[Any, ...]]:
         side, v = value
         self._insert(side, [v])
         return self._after_insert()
-
-    def _after_insert(self) -> List[Tuple[Any, ...]]:
-        if self.emit_mode == "running":
-            return self._rows()
-        if self.emit_mode == "complete" and all(self.seen):
-            rows = self._rows()
-            self.seen = [[] for _ in range(self.sides)]
-            return rows
-        return []
 
     def on_merge(self, original: WindowLogic[Any, Any, Any]) -> Iterable[Tuple[Any, ...]]:
         assert isinstance(original, _JoinWindowLogic)
@@ -500,13 +470,6 @@ class _JoinWindowLogic(WindowLogic[Tuple[int, Any], Tuple[Any, ...], Tuple[Tuple
         if self.emit_mode == "final" and any(self.seen):
             return self._rows()
         return ()
-
-    def snapshot(self) -> Tuple[Tuple[Any, ...], ...]:
-        return tuple(tuple(vs) for vs in self.seen)
-
-
-def _tag_side(side: int, value: Any) -> Tuple[int, Any]:
-    return (side, value)
 
 
 def _untag(tv: Tuple[int, Any]) -> Any:
@@ -533,14 +496,7 @@ def join_window(
     ``ts_getter`` sees each side's values as they are. ``late`` carries
     ``(window_id, (side_index, value))``.
     """
-    if insert_mode not in ("first", "last", "product"):
-        raise ValueError(
-            f"step {step_id!r}: insert_mode must be 'first', 'last' or 'product'; got {insert_mode!r}"
-        )
-    if emit_mode not in ("complete", "final", "running"):
-        raise ValueError(
-            f"step {step_id!r}: emit_mode must be 'complete', 'final' or 'running'; got {emit_mode!r}"
-        )
+    _check_join_modes(step_id, insert_mode, emit_mode)
     if not sides:
         raise TypeError(f"step {step_id!r}: join_window needs at least one side")
     if not isinstance(clock, Clock):
