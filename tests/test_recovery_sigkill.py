@@ -23,6 +23,8 @@ from typing import List
 
 import pytest
 
+from helpers.mpflow import kill_at_random_points, read_until_started
+
 import millpond
 
 PYSRC = str(Path(millpond.__file__).resolve().parent.parent)
@@ -67,21 +69,6 @@ def _setup(d: Path) -> Path:
     return d
 
 
-def _read_until_started(proc: "subprocess.Popen[str]") -> str:
-    """Read the child's log until the execution starts (or it exits)."""
-    seen = []
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if " starts at epoch " in line:
-            break
-    return "".join(seen)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> str:
     d = _setup(tmp_path_factory.mktemp("ref") / "run")
@@ -106,30 +93,8 @@ def test_killed_at_random_points_ends_identical_to_an_uninterrupted_run(
             "-s", "0.05", "--snapshot-mode", mode]
     (d / "state").mkdir()
     rng = random.Random(seed)
-    logs: List[str] = []
-    killed = 0
-    for i in range(5):
-        proc = subprocess.Popen(argv, cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            # kill at a random point after processing started (startup time varies with load)
-            head = _read_until_started(proc)
-            time.sleep(rng.uniform(0.0, 0.4))
-            proc.send_signal(signal.SIGKILL)
-            _out, err = proc.communicate(timeout=30)
-            err = head + err
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode in (-signal.SIGKILL, 0), err
-        killed += proc.returncode == -signal.SIGKILL
-        logs.append(err)
-        out = d / "out.txt"
-        if out.exists():  # never garbage or duplicates on disk, only a prefix of the final file
-            assert uninterrupted.startswith(out.read_text())
-        if i in lose_local_after:
-            shutil.rmtree(d / "state")
-            (d / "state").mkdir()
+    logs, killed = kill_at_random_points(argv, d, _env(), 5, rng, 0.4, d / "out.txt", uninterrupted,
+                                         lose_local_after)
     assert killed >= 3
     final = subprocess.run(argv, cwd=d, env=_env(), capture_output=True, text=True, timeout=120)
     assert final.returncode == 0, final.stderr
@@ -156,7 +121,7 @@ def test_each_of_20_random_kill_points_resumes_to_the_uninterrupted_output(tmp_p
         argv = [sys.executable, "-m", "millpond.run", IMPORT, "-d", "state", "-s", "0.05"]
         proc = subprocess.Popen(argv, cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            _read_until_started(proc)
+            read_until_started(proc)
             time.sleep(rng.uniform(0.0, 0.3))
             proc.send_signal(signal.SIGKILL)
             proc.communicate(timeout=30)

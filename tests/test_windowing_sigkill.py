@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
-import signal
 import subprocess
 import sys
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import List
 
 import pytest
+
+from helpers.mpflow import kill_at_random_points
 
 pytest.importorskip("millpond.operators.windowing")
 
@@ -126,21 +124,6 @@ def _setup(d: Path) -> Path:
     return d
 
 
-def _read_until_started(proc: "subprocess.Popen[str]") -> str:
-    """Read the child's log until the execution starts (or it exits)."""
-    seen = []
-    assert proc.stderr is not None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        if " starts at epoch " in line:
-            break
-    return "".join(seen)
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> str:
     d = _setup(tmp_path_factory.mktemp("ref") / "run")
@@ -167,29 +150,8 @@ def test_windowed_count_killed_at_random_points_ends_identical_to_an_uninterrupt
             "-s", "0.05", "--snapshot-mode", mode]
     (d / "state").mkdir()
     rng = random.Random(seed)
-    logs: List[str] = []
-    killed = 0
-    for i in range(4):
-        proc = subprocess.Popen(argv, cwd=d, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            head = _read_until_started(proc)
-            time.sleep(rng.uniform(0.0, 0.5))
-            proc.send_signal(signal.SIGKILL)
-            _out, err = proc.communicate(timeout=30)
-            err = head + err
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode in (-signal.SIGKILL, 0), err
-        killed += proc.returncode == -signal.SIGKILL
-        logs.append(err)
-        out = d / "out.txt"
-        if out.exists():  # only ever a prefix of the final file: no duplicates, no half lines
-            assert uninterrupted.startswith(out.read_text())
-        if i in lose_local_after:
-            shutil.rmtree(d / "state")
-            (d / "state").mkdir()
+    logs, killed = kill_at_random_points(argv, d, _env(), 4, rng, 0.5, d / "out.txt", uninterrupted,
+                                         lose_local_after)
     assert killed >= 3
     final = subprocess.run(argv, cwd=d, env=_env(), capture_output=True, text=True, timeout=120)
     assert final.returncode == 0, final.stderr

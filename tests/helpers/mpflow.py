@@ -270,3 +270,53 @@ def copy_tree(src: Path, dst: Path) -> Path:
     bit flipped in the copy stays in the copy)."""
     shutil.copytree(src, dst, symlinks=True)
     return dst
+
+
+def read_until_started(proc: "subprocess.Popen[str]") -> str:
+    """Read a child run's log until its execution starts (or it exits)."""
+    seen = []
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        if " starts at epoch " in line:
+            break
+    return "".join(seen)
+
+
+def kill_at_random_points(argv: Sequence[str], cwd: Path, env: Dict[str, str], rounds: int,
+                          rng: random.Random, max_delay: float, out: Path, uninterrupted: str,
+                          lose_local_after: Sequence[int] = ()) -> "tuple[List[str], int]":
+    """Run ``argv`` ``rounds`` times, each SIGKILLed a random time (up to
+    ``max_delay`` s) after its execution started; after each, ``out`` may
+    only be a prefix of ``uninterrupted`` (nothing twice, no half lines);
+    after the rounds in ``lose_local_after`` the local state dir
+    ``cwd/state`` is emptied. Returns the runs' logs and how many were
+    killed (rather than finished)."""
+    logs: List[str] = []
+    killed = 0
+    for i in range(rounds):
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            # a random point after processing started (startup time varies with load)
+            head = read_until_started(proc)
+            time.sleep(rng.uniform(0.0, max_delay))
+            proc.send_signal(signal.SIGKILL)
+            _out, err = proc.communicate(timeout=30)
+            err = head + err
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode in (-signal.SIGKILL, 0), err
+        killed += proc.returncode == -signal.SIGKILL
+        logs.append(err)
+        if out.exists():
+            assert uninterrupted.startswith(out.read_text())
+        if i in lose_local_after:
+            shutil.rmtree(cwd / "state")
+            (cwd / "state").mkdir()
+    return logs, killed
