@@ -104,6 +104,11 @@ static PyMethodDef methods[] = {
      "nothing is written and the error propagates."},
     {"store_get", py_store_get, METH_VARARGS,
      "store_get(handle, step_id, key) -> None | (epoch, bytes | None)\n\nThe newest row of a key (None for a deletion)."},
+    {"store_hydrate_keys", py_store_hydrate_keys, METH_VARARGS,
+     "store_hydrate_keys(handle, step_id, keys, live, skip, builder, loads) -> int\n\n"
+     "For every key of the list not in live or skip whose newest row holds a value: live[key] =\n"
+     "builder(loads(value)), the rows read in one call to the core; return how many. Keys without a row or\n"
+     "deleted are left out. If builder or loads raises, the exception propagates (objects built before stay)."},
     {"store_steps", py_store_steps, METH_VARARGS, "store_steps(handle) -> list[str]\n\nThe step ids with rows."},
     {"store_meta", py_store_meta, METH_VARARGS,
      "store_meta(handle) -> dict[str, int]\n\nThe store's metadata and row counts."},

@@ -79,11 +79,11 @@ static PyObject *unpack_kv(const char *buf, size_t len) {
     return list;
 }
 
-// Builds live objects from a packed page: for every key not in live and not
-// in skip, live[key] = builder(loads(value)). Doing this loop in C keeps a
-// restore's per-key cost to the unpickling and the builder themselves.
-static Py_ssize_t hydrate_page(const char *buf, size_t len, PyObject *live, PyObject *skip, PyObject *builder,
-                               PyObject *loads) {
+// Builds live objects from a packed page (declared in module.h; scans and
+// store_hydrate_keys share it). Doing this loop in C keeps a restore's
+// per-key cost to the unpickling and the builder themselves.
+Py_ssize_t mp_hydrate_page(const char *buf, size_t len, PyObject *live, PyObject *skip, PyObject *builder,
+                          PyObject *loads) {
     const char *p = buf, *end = buf + len;
     uint64_t n;
     if ((p = mp_get_uvarint(p, end, &n)) == NULL || n > len) {
@@ -132,7 +132,7 @@ MP_METHOD(scan_hydrate) {
     size_t len = 0;
     CALL_GO(mp_scan_next(h, &out, &len, &kind, &msg));
     if (out == NULL) Py_RETURN_NONE;
-    Py_ssize_t built = hydrate_page(out, len, live, skip, builder, loads);
+    Py_ssize_t built = mp_hydrate_page(out, len, live, skip, builder, loads);
     free(out);
     if (built < 0) return NULL;
     return PyLong_FromSsize_t(built);

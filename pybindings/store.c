@@ -2,6 +2,7 @@
 #include "module.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "_cgo_export.h"
@@ -62,6 +63,89 @@ MP_METHOD(store_get) {
     free(val);
     if (b == NULL) return NULL;
     return Py_BuildValue("(LN)", epoch, b);
+}
+
+// Appends uvarint(n) and n bytes at s to the key list *buf (of *len bytes,
+// *cap allocated); -1 with MemoryError set when it cannot grow.
+static int put_key(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+    if (*cap - *len < n + 10) {
+        size_t want = *cap * 2 > *len + n + 10 ? *cap * 2 : *len + n + 10;
+        char *grown = realloc(*buf, want);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        *buf = grown;
+        *cap = want;
+    }
+    uint64_t v = n;
+    while (v >= 0x80) {
+        (*buf)[(*len)++] = (char)(v | 0x80);
+        v >>= 7;
+    }
+    (*buf)[(*len)++] = (char)v;
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    return 0;
+}
+
+// One call for the stored state of many keys: the keys not yet live and not
+// in skip cross to the core in one buffer of length-prefixed UTF-8, are
+// looked up there in one pass (the GIL released), and come back as a packed
+// page that mp_hydrate_page turns into live objects.
+MP_METHOD(store_hydrate_keys) {
+    unsigned long long h;
+    const char *step;
+    Py_ssize_t sl;
+    PyObject *keys, *live, *skip, *builder, *loads;
+    if (!PyArg_ParseTuple(args, "Ks#O!O!O!OO", &h, &step, &sl, &PyList_Type, &keys, &PyDict_Type, &live, &PySet_Type,
+                          &skip, &builder, &loads))
+        return NULL;
+    char *buf = NULL;
+    size_t len = 0, cap = 0, count = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyUnicode_Check(key)) {
+            PyErr_Format(PyExc_TypeError, "store_hydrate_keys: keys must be str, not %.100s", Py_TYPE(key)->tp_name);
+            goto fail;
+        }
+        int present = PyDict_Contains(live, key);
+        if (present == 0) present = PySet_Contains(skip, key);
+        if (present < 0) goto fail;
+        if (present) continue;
+        Py_ssize_t kl;
+        const char *k = PyUnicode_AsUTF8AndSize(key, &kl);
+        if (k == NULL) {
+            // A key with a lone surrogate is never stored (snapshots refuse
+            // it): it has no row, like any other key not found.
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto fail;
+            PyErr_Clear();
+            continue;
+        }
+        if (put_key(&buf, &len, &cap, k, (size_t)kl) < 0) goto fail;
+        count++;
+    }
+    if (count == 0) {
+        free(buf);
+        return PyLong_FromLong(0);
+    }
+    // CALL_GO's steps, with the key list freed before an error returns.
+    char *out = NULL;
+    size_t out_len = 0;
+    int kind = 0;
+    char *msg = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    kind = mp_store_get_many(h, (char *)step, (size_t)sl, buf, len, count, &out, &out_len, &kind, &msg);
+    Py_END_ALLOW_THREADS
+    free(buf);
+    if (kind) return mp_raise(kind, msg);
+    Py_ssize_t built = mp_hydrate_page(out, out_len, live, skip, builder, loads);
+    free(out);
+    if (built < 0) return NULL;
+    return PyLong_FromSsize_t(built);
+fail:
+    free(buf);
+    return NULL;
 }
 
 MP_METHOD(store_steps) {

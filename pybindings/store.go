@@ -8,6 +8,8 @@ import "C"
 
 import (
 	"context"
+	"encoding/binary"
+	"fmt"
 	"unsafe"
 
 	"github.com/millpond/millpond/gostore/durable"
@@ -130,6 +132,50 @@ func mp_store_get(h C.uintptr_t, step *C.char, stepLen C.size_t, key *C.char, ke
 		*valLen = C.size_t(len(r.Value))
 	}
 	return 0
+}
+
+// mp_store_get_many looks up many keys of a step at once: keys holds
+// count keys, each as uvarint(len) and its UTF-8 bytes. *out receives the
+// newest row of every key that has one, in key order, deletions included,
+// packed as a scan page (see mp_scan_next; malloc'd).
+//
+//export mp_store_get_many
+func mp_store_get_many(h C.uintptr_t, step *C.char, stepLen C.size_t, keys *C.char, keysLen, count C.size_t,
+	out **C.char, outLen *C.size_t, errKind *C.int, errMsg **C.char) C.int {
+	sh, err := lookup[*storeHandle](uintptr(h))
+	if err != nil {
+		return setErr(err, errKind, errMsg)
+	}
+	list, err := unpackKeys(unsafe.Slice((*byte)(unsafe.Pointer(keys)), int(keysLen)), int(count))
+	if err != nil {
+		return setErr(err, errKind, errMsg)
+	}
+	packed, err := sh.store.GetManyPacked(callCtx(), C.GoStringN(step, C.int(stepLen)), list)
+	if err != nil {
+		return setErr(err, errKind, errMsg)
+	}
+	*out, *outLen = (*C.char)(C.CBytes(packed)), C.size_t(len(packed))
+	return 0
+}
+
+// unpackKeys copies count length-prefixed keys out of buf.
+func unpackKeys(buf []byte, count int) ([]string, error) {
+	if count > len(buf) {
+		return nil, fmt.Errorf("get many: %w: %d keys cannot fit in %d bytes", rowbatch.ErrMalformed, count, len(buf))
+	}
+	keys := make([]string, 0, count)
+	for range count {
+		n, w := binary.Uvarint(buf)
+		if w <= 0 || n > uint64(len(buf)-w) {
+			return nil, fmt.Errorf("get many: %w: key list cut short after %d keys", rowbatch.ErrMalformed, len(keys))
+		}
+		keys = append(keys, string(buf[w:w+int(n)]))
+		buf = buf[w+int(n):]
+	}
+	if len(buf) != 0 {
+		return nil, fmt.Errorf("get many: %w: %d bytes after the last of %d keys", rowbatch.ErrMalformed, len(buf), count)
+	}
+	return keys, nil
 }
 
 // mp_store_steps returns the step ids with rows, each NUL-terminated,

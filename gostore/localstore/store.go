@@ -422,6 +422,19 @@ func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, 
 	return r, ok, s.check(err)
 }
 
+// GetManyPacked returns the newest rows of many keys of a step, packed;
+// see snapfile.File.GetManyPacked.
+func (s *Store) GetManyPacked(ctx context.Context, step string, keys []string) ([]byte, error) {
+	s.waitIdle()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return nil, errClosed
+	}
+	packed, err := s.target().GetManyPacked(ctx, step, keys, 0)
+	return packed, s.check(err)
+}
+
 // ScanPage returns one page of the newest rows; see snapfile.File.ScanPage.
 // Pages are read under the store's lock one at a time, so a long scan does
 // not block other calls.

@@ -72,6 +72,38 @@ func BenchmarkGet(b *testing.B) {
 	}
 }
 
+// BenchmarkGetManyPacked reads the keys of BenchmarkGet 1000 at a time,
+// scattered over a 100k-row store: compare its ns/key with BenchmarkGet's
+// ns/op.
+func BenchmarkGetManyPacked(b *testing.B) {
+	benchGetMany(b, 100_000, 1000)
+}
+
+// BenchmarkGetManyPacked1M is BenchmarkGetManyPacked on a 1M-row store.
+func BenchmarkGetManyPacked1M(b *testing.B) {
+	benchGetMany(b, 1_000_000, 1000)
+}
+
+func benchGetMany(b *testing.B, rows, batch int) {
+	ctx := context.Background()
+	f := benchStore(b, rows)
+	keys := make([]string, batch)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		for j := range keys {
+			keys[j] = fmt.Sprintf("key-%028d", ((i*batch+j)*7919)%rows)
+		}
+		b.StartTimer()
+		packed, err := f.GetManyPacked(ctx, "flow.step", keys, 0)
+		if err != nil || len(packed) < batch*50 {
+			b.Fatal(err, len(packed))
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/key")
+}
+
 // BenchmarkScanPage scans a 100k-row store page by page.
 func BenchmarkScanPage(b *testing.B) {
 	ctx := context.Background()

@@ -1,0 +1,263 @@
+package snapfile
+
+import (
+	"context"
+	"database/sql"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/rowbatch"
+)
+
+// unpackRows decodes a packed page into rows of step, in page order.
+func unpackRows(t *testing.T, step string, packed []byte) []rowbatch.Row {
+	t.Helper()
+	n, w := binary.Uvarint(packed)
+	require.Positive(t, w, "count")
+	b := packed[w:]
+	rows := []rowbatch.Row{}
+	for range n {
+		kl, w := binary.Uvarint(b)
+		require.Positive(t, w)
+		key := string(b[w : w+int(kl)])
+		b = b[w+int(kl):]
+		epoch, w := binary.Uvarint(b)
+		require.Positive(t, w)
+		b = b[w:]
+		tag, w := binary.Uvarint(b)
+		require.Positive(t, w)
+		b = b[w:]
+		r := rowbatch.Row{StepID: step, Key: key, Epoch: int64(epoch), Deleted: tag == 0}
+		if tag > 0 {
+			r.Value = append([]byte{}, b[:tag-1]...)
+			b = b[tag-1:]
+		}
+		rows = append(rows, r)
+	}
+	require.Empty(t, b, "bytes after the last entry")
+	return rows
+}
+
+// getEach is GetManyPacked's model: Get on every distinct key, in key
+// order, leaving out keys without a row.
+func getEach(t *testing.T, f *File, step string, keys []string, before int64) []rowbatch.Row {
+	t.Helper()
+	keys = slices.Compact(slices.Sorted(slices.Values(keys)))
+	rows := []rowbatch.Row{}
+	for _, k := range keys {
+		r, found, err := f.Get(context.Background(), step, k, before)
+		require.NoError(t, err)
+		if found {
+			if r.Value == nil && !r.Deleted {
+				r.Value = []byte{}
+			}
+			rows = append(rows, r)
+		}
+	}
+	return rows
+}
+
+func getMany(t *testing.T, f *File, step string, keys []string, before int64) []rowbatch.Row {
+	t.Helper()
+	packed, err := f.GetManyPacked(context.Background(), step, keys, before)
+	require.NoError(t, err)
+	return unpackRows(t, step, packed)
+}
+
+func TestGetManyPackedReturnsWhatGetReturnsPerKey(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	base(t, f, 2000) // k00000..k01999 at epoch 1, in snaps
+	_, err := f.Write(ctx, []rowbatch.Row{
+		row("s", "k00007", 2, "seven"), del("s", "k00008", 2), row("t", "k00007", 2, "other step"),
+		row("s", "k00001", 1, "rewritten"), // ties with the snaps row at epoch 1
+		row("s", "k00009", 3, ""),          // an empty value is a value, not a deletion
+		row("s", "ключ-🦀", 2, "unicode"),
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(6), f.RecentRows(), "the small batch went to the recent table")
+	v200 := string(make([]byte, 200))
+
+	type want struct {
+		key     string
+		epoch   int64
+		val     string
+		deleted bool
+	}
+	for _, tc := range []struct {
+		name   string
+		keys   []string
+		before int64
+		want   []want
+	}{
+		{"no keys", nil, 0, nil},
+		{"only missing keys", []string{"nope", "k99999", ""}, 0, nil},
+		{"found in snaps", []string{"k00100"}, 0, []want{{"k00100", 1, v200, false}}},
+		{"newer in recent", []string{"k00007"}, 0, []want{{"k00007", 2, "seven", false}}},
+		{"before bounds the epoch", []string{"k00007"}, 2, []want{{"k00007", 1, v200, false}}},
+		{"before below every row", []string{"k00007", "k00100"}, 1, nil},
+		{"a deletion is a deletion", []string{"k00008"}, 0, []want{{"k00008", 2, "", true}}},
+		{"the deleted key before its deletion", []string{"k00008"}, 2, []want{{"k00008", 1, v200, false}}},
+		{"recent wins a tie on epoch", []string{"k00001"}, 0, []want{{"k00001", 1, "rewritten", false}}},
+		{"an empty value", []string{"k00009"}, 0, []want{{"k00009", 3, "", false}}},
+		{"non-ascii key", []string{"ключ-🦀"}, 0, []want{{"ключ-🦀", 2, "unicode", false}}},
+		{"key order, duplicates once, missing left out",
+			[]string{"k00009", "missing", "k00001", "k00009", "k00008"}, 0,
+			[]want{{"k00001", 1, "rewritten", false}, {"k00008", 2, "", true}, {"k00009", 3, "", false}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := getMany(t, f, "s", tc.keys, tc.before)
+			exp := []rowbatch.Row{}
+			for _, w := range tc.want {
+				r := rowbatch.Row{StepID: "s", Key: w.key, Epoch: w.epoch, Deleted: w.deleted}
+				if !w.deleted {
+					r.Value = []byte(w.val)
+				}
+				exp = append(exp, r)
+			}
+			assert.Equal(t, exp, got)
+			assert.Equal(t, getEach(t, f, "s", tc.keys, tc.before), got, "as Get on each key")
+		})
+	}
+	assert.Equal(t, []rowbatch.Row{{StepID: "t", Key: "k00007", Epoch: 2, Value: []byte("other step")}},
+		getMany(t, f, "t", []string{"k00007", "k00008"}, 0), "only the step asked for")
+
+	_, err = f.FoldRecent(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, []rowbatch.Row{{StepID: "s", Key: "k00001", Epoch: 1, Value: []byte("rewritten")}},
+		getMany(t, f, "s", []string{"k00001"}, 0), "the fold kept the newer write")
+}
+
+func TestGetManyPackedFailsOnADamagedRowAsGetDoes(t *testing.T) {
+	ctx := context.Background()
+	for _, table := range []string{"snaps", "recent"} {
+		t.Run(table, func(t *testing.T) {
+			f := newFile(t)
+			base(t, f, 2000)
+			_, err := f.Write(ctx, []rowbatch.Row{row("s", "k00005", 2, "five")})
+			require.NoError(t, err)
+			// Change a value behind the checksum's back: the file stays well
+			// formed, only the row checksum can tell.
+			_, err = f.db.ExecContext(ctx, `UPDATE `+table+` SET value = X'00' WHERE state_key = 'k00005'`)
+			require.NoError(t, err)
+
+			_, _, getErr := f.Get(ctx, "s", "k00005", 0)
+			require.ErrorIs(t, getErr, ErrDamaged)
+			_, err = f.GetManyPacked(ctx, "s", []string{"k00004", "k00005", "k00006"}, 0)
+			require.ErrorIs(t, err, ErrDamaged)
+			var ge, me *DamageError
+			require.ErrorAs(t, getErr, &ge)
+			require.ErrorAs(t, err, &me)
+			assert.Equal(t, ge.Detail, me.Detail)
+			assert.Contains(t, err.Error(), "checksum mismatch")
+
+			// Damage to an older version is found too, as Get finds it.
+			_, err = f.GetManyPacked(ctx, "s", []string{"k00005"}, 0)
+			require.ErrorIs(t, err, ErrDamaged)
+			// Keys that do not touch the damaged row still read, and the
+			// connection is usable after the failure.
+			assert.Len(t, getMany(t, f, "s", []string{"k00004", "k00006"}, 0), 2)
+		})
+	}
+}
+
+func TestGetManyPackedReadsLegacyFilesWithoutChecksums(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "s.sqlite")
+	f, err := Create(ctx, path, testMeta(), Options{})
+	require.NoError(t, err)
+	_, err = f.Write(ctx, []rowbatch.Row{row("s", "a", 1, "a1"), row("s", "a", 2, "a2"), del("s", "b", 2), row("s", "c", 1, "c1")})
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	db, err := sql.Open("sqlite", "file:"+path)
+	require.NoError(t, err)
+	for _, q := range []string{
+		`CREATE TABLE snaps2 (step_id TEXT NOT NULL, state_key TEXT NOT NULL, epoch INTEGER NOT NULL, key_group INTEGER NOT NULL, value BLOB, PRIMARY KEY (step_id, state_key, epoch)) WITHOUT ROWID`,
+		`INSERT INTO snaps2 SELECT step_id, state_key, epoch, key_group, value FROM snaps UNION ALL SELECT step_id, state_key, epoch, key_group, value FROM recent`,
+		`DROP TABLE snaps`, `DROP TABLE IF EXISTS recent`, `ALTER TABLE snaps2 RENAME TO snaps`,
+		`DELETE FROM meta WHERE name IN ('meta_crc', 'committed_epoch')`,
+		`UPDATE meta SET value = 'millpond-snapshot-1' WHERE name = 'format'`,
+	} {
+		_, err := db.Exec(q)
+		require.NoError(t, err, q)
+	}
+	require.NoError(t, db.Close())
+
+	f, err = Open(ctx, path, Options{})
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	require.False(t, f.RowChecksums())
+	keys := []string{"c", "b", "a", "z"}
+	got := getMany(t, f, "s", keys, 0)
+	assert.Equal(t, []rowbatch.Row{
+		{StepID: "s", Key: "a", Epoch: 2, Value: []byte("a2")},
+		{StepID: "s", Key: "b", Epoch: 2, Deleted: true},
+		{StepID: "s", Key: "c", Epoch: 1, Value: []byte("c1")},
+	}, got)
+	assert.Equal(t, getEach(t, f, "s", keys, 0), got)
+	assert.Equal(t, getEach(t, f, "s", keys, 2), getMany(t, f, "s", keys, 2))
+}
+
+// GetManyPacked equals Get on every key, over random histories of writes,
+// deletions, rewrites within an epoch and folds, in both tables.
+func TestGetManyPackedEqualsGetOnEveryKeyRandomized(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(7, 11))
+	for round := range 8 {
+		f := newFile(t)
+		base(t, f, 500)
+		universe := make([]string, 700) // some keys never written
+		for i := range universe {
+			universe[i] = fmt.Sprintf("k%05d", i)
+		}
+		universe = append(universe, "", "é", "🦀", "a\x00b")
+		for epoch := int64(1); epoch <= 6; epoch++ {
+			var batch []rowbatch.Row
+			for range rng.IntN(40) {
+				k := universe[rng.IntN(len(universe))]
+				e := epoch - int64(rng.IntN(2)) // sometimes rewrite the epoch before
+				step := []string{"s", "s", "s", "t"}[rng.IntN(4)]
+				if rng.IntN(4) == 0 {
+					batch = append(batch, del(step, k, e))
+				} else {
+					batch = append(batch, row(step, k, e, fmt.Sprintf("v%d-%d", e, rng.IntN(1000))))
+				}
+			}
+			_, err := f.Write(ctx, batch)
+			require.NoError(t, err)
+			if rng.IntN(5) == 0 {
+				_, err := f.FoldRecent(ctx)
+				require.NoError(t, err)
+			}
+		}
+		for q := range 20 {
+			keys := make([]string, rng.IntN(60))
+			for i := range keys {
+				keys[i] = universe[rng.IntN(len(universe))]
+			}
+			before := int64(rng.IntN(8))
+			for _, step := range []string{"s", "t", "nope"} {
+				require.Equal(t, getEach(t, f, step, keys, before), getMany(t, f, step, keys, before),
+					"round %d query %d step %s before %d", round, q, step, before)
+			}
+		}
+	}
+}
+
+func TestGetManyPackedStopsOnACancelledContext(t *testing.T) {
+	f := newFile(t)
+	base(t, f, 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := f.GetManyPacked(ctx, "s", []string{"k00001"}, 0)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Len(t, getMany(t, f, "s", []string{"k00001"}, 0), 1, "the connection is usable afterwards")
+}
