@@ -51,3 +51,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item
     slow = {item.module.__name__ for item in items
             if getattr(item, "module", None) is not None and item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: 0 if getattr(item, "module", None) is not None and item.module.__name__ in slow else 1)
+
+
+# Suites of stateful operators and recovery that also run under a live-key
+# limit of 1 and of 10 (issue 13): the limit changes which keys are live,
+# never what a flow outputs or commits. Each of their tests gets a
+# ``[live=...]`` variant per limit; ``MILLPOND_MAX_LIVE_KEYS`` carries the
+# limit to every run_main/cluster_main call in the test (children started
+# with helpers.mpflow.child_env drop MILLPOND_* variables, so crash loops
+# are not multiplied).
+LIVE_LIMIT_MODULES = frozenset({
+    "test_operators_stateful",
+    "test_engine_recovery",
+    "test_recovery_e2e",
+    "test_windowing",
+    "test_windowing_recovery",
+    "test_peer_semantics",
+})
+LIVE_LIMITS = (None, 1, 10)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "live_key_limit" in metafunc.fixturenames and metafunc.module.__name__ in LIVE_LIMIT_MODULES:
+        metafunc.parametrize("live_key_limit", LIVE_LIMITS, indirect=True,
+                             ids=[f"live={limit}" for limit in LIVE_LIMITS])
+
+
+@pytest.fixture(autouse=True)
+def live_key_limit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> "int | None":
+    """The live-key limit the test's flows run with (``None``: unbounded)."""
+    limit = getattr(request, "param", None)
+    if limit is None:
+        monkeypatch.delenv("MILLPOND_MAX_LIVE_KEYS", raising=False)
+    else:
+        monkeypatch.setenv("MILLPOND_MAX_LIVE_KEYS", str(limit))
+    return limit

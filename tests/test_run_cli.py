@@ -47,7 +47,8 @@ class _Calls:
 def engine(monkeypatch):
     calls = _Calls()
 
-    def cluster_main(flow, addresses, proc_id, *, epoch_interval=None, recovery_config=None, worker_count_per_proc=1):
+    def cluster_main(flow, addresses, proc_id, *, epoch_interval=None, recovery_config=None, worker_count_per_proc=1,
+                     max_live_keys=None):
         calls.cluster.append(
             dict(
                 flow=flow,
@@ -56,6 +57,7 @@ def engine(monkeypatch):
                 epoch_interval=epoch_interval,
                 recovery_config=recovery_config,
                 worker_count_per_proc=worker_count_per_proc,
+                max_live_keys=max_live_keys,
             )
         )
         if calls.raise_exc is not None:

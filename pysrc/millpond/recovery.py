@@ -43,6 +43,7 @@ from millpond.backupkey import KEY_VAR, backup_key_from_env, check_key
 from millpond.errors import BackupError, CorruptObjectError, RecoveryError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
 from millpond.redact import redact_uri
+from millpond.state import check_max_live_keys
 
 __all__ = [
     "SnapshotMode",
@@ -109,6 +110,11 @@ class RecoveryConfig:
       ``MILLPOND_BACKUP_KEY_FILE``; with neither set, records carry a plain
       checksum, and write access to the backup means code execution on the
       machine that resumes from it (its state is pickled).
+    - ``max_live_keys``: the most keyed state objects a worker keeps live
+      in memory; colder ones are evicted to its local store and read back
+      when touched (``None``: no bound; see docs/recovery.md, "State larger
+      than memory"). The ``max_live_keys`` keyword of ``run_main`` and
+      ``cluster_main`` overrides it, and works without recovery too.
     """
 
     local_state_dir: Path
@@ -121,8 +127,10 @@ class RecoveryConfig:
     compact_ratio: float = 0.5
     compact_min_bytes: int = 1 << 20
     backup_key: Union[bytes, str, None] = field(default=None, repr=False)
+    max_live_keys: Optional[int] = None
 
     def __post_init__(self) -> None:
+        check_max_live_keys(self.max_live_keys)
         if self.backup_key is None:
             object.__setattr__(self, "backup_key", backup_key_from_env())
         elif isinstance(self.backup_key, str):

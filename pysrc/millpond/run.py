@@ -25,6 +25,8 @@ flag                                    environment variable             meaning
 ``-d/--local-state-dir DIR``            ``MILLPOND_LOCAL_STATE_DIR``      turns recovery on; the local store
 ``-b/--backup URI|module:factory()``    ``MILLPOND_BACKUP``               the durable store
 ``--snapshot-mode batch|immediate``     ``MILLPOND_SNAPSHOT_MODE``        when state is snapshotted
+``--max-live-keys N``                   ``MILLPOND_MAX_LIVE_KEYS``        keyed state objects kept in memory per
+                                                                         worker; colder ones go to disk
 ``--tls-cert FILE``                     ``MILLPOND_TLS_CERT``             TLS between the processes of a cluster:
                                                                          this process's certificate (PEM)
 ``--tls-key FILE``                      ``MILLPOND_TLS_KEY``              the certificate's private key (PEM)
@@ -98,6 +100,7 @@ def cli_main(
     tls_cert: Optional[str] = None,
     tls_key: Optional[str] = None,
     tls_ca: Optional[str] = None,
+    max_live_keys: Optional[int] = None,
 ) -> None:
     """Run ``flow`` in this process with the command line's settings.
 
@@ -110,6 +113,8 @@ def cli_main(
     :class:`millpond.recovery.RecoveryConfig` or ``None`` for no recovery.
     ``tls_cert``/``tls_key`` (PEM files) turn on TLS between the processes
     of a cluster, ``tls_ca`` mutual TLS (default: ``MILLPOND_TLS_*``).
+    ``max_live_keys`` bounds the keyed state objects each worker keeps in
+    memory (default: ``MILLPOND_MAX_LIVE_KEYS``, else no bound).
 
     Returns when the flow's inputs are exhausted. Errors in user code raise
     :class:`millpond.errors.DataflowError`; Ctrl-C raises
@@ -141,6 +146,7 @@ def cli_main(
         epoch_interval=interval,
         recovery_config=recovery_config,
         worker_count_per_proc=workers_per_process,
+        max_live_keys=max_live_keys,
         **tls,
     )
 
@@ -270,6 +276,7 @@ _ENV: List[Tuple[str, str, Callable[[str], Any]]] = [
     ("local_state_dir", "MILLPOND_LOCAL_STATE_DIR", _nonempty),
     ("backup", "MILLPOND_BACKUP", _nonempty),
     ("snapshot_mode", "MILLPOND_SNAPSHOT_MODE", _snapshot_mode),
+    ("max_live_keys", "MILLPOND_MAX_LIVE_KEYS", _positive_int),
     ("log_level", "MILLPOND_LOG_LEVEL", _log_level),
     ("tls_cert", "MILLPOND_TLS_CERT", _nonempty),
     ("tls_key", "MILLPOND_TLS_KEY", _nonempty),
@@ -286,6 +293,7 @@ _FLAGS: Dict[str, str] = {
     "local_state_dir": "-d/--local-state-dir",
     "backup": "-b/--backup",
     "snapshot_mode": "--snapshot-mode",
+    "max_live_keys": "--max-live-keys",
     "log_level": "--log-level",
     "tls_cert": "--tls-cert",
     "tls_key": "--tls-key",
@@ -406,6 +414,12 @@ def _build_parser() -> _Parser:
         "--snapshot-mode", type=_snapshot_mode, default=None, metavar="batch|immediate",
         help="snapshot once per epoch (batch, default) or after every activation "
         "[env: MILLPOND_SNAPSHOT_MODE]",
+    )
+    p.add_argument(
+        "--max-live-keys", type=_positive_int, default=None, metavar="N",
+        help="keep at most N keyed state objects in memory per worker; colder ones are evicted to the "
+        "local store (a temporary directory without -d) and read back when touched (default: no limit) "
+        "[env: MILLPOND_MAX_LIVE_KEYS]",
     )
     p.add_argument(
         "--tls-cert", type=_nonempty, default=None, metavar="FILE",
@@ -657,6 +671,7 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_ca=args.tls_ca,
+            max_live_keys=args.max_live_keys,
         )
     except _Terminated:
         logger.debug("terminated")

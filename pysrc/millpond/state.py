@@ -31,16 +31,18 @@ only; the runtime uses it when recovery is off.
 from __future__ import annotations
 
 import gc as _pygc
+import itertools
 import logging
 import os
 import pickle
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn, Optional, Protocol, Union, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional, Protocol, Union, runtime_checkable
 
 from millpond.errors import RecoveryError, SnapshotError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
 
-__all__ = ["Stateful", "Builder", "WorkerStore", "StateStore", "MemoryStateStore"]
+__all__ = ["Stateful", "Builder", "WorkerStore", "StateStore", "MemoryStateStore", "LiveStats"]
 
 logger = logging.getLogger("millpond")
 
@@ -76,8 +78,10 @@ class WorkerStore(Protocol):
     of what an epoch touched. :class:`StateStore` (recovery on) and
     :class:`MemoryStateStore` (recovery off) both are one."""
 
-    def register(self, step_id: str, builder: Builder) -> None:
-        """Use ``builder`` to build state objects of ``step_id``."""
+    def register(self, step_id: str, builder: Builder, *, evictable: bool = False) -> None:
+        """Use ``builder`` to build state objects of ``step_id`` (under a
+        live-key limit, ``evictable`` steps' objects count and may be
+        evicted)."""
         ...
 
     def get(self, step_id: str, key: str) -> Optional[Any]:
@@ -104,8 +108,32 @@ class WorkerStore(Protocol):
         """Every key of ``step_id`` with state, live or stored, sorted."""
         ...
 
+    def live_count(self) -> int:
+        """How many state objects are live in memory."""
+        ...
+
+    def evictable_count(self) -> int:
+        """How many live objects count against a live-key limit."""
+        ...
+
     def hydrate_all(self, step_id: str, chunk_rows: int = 8192) -> int:
         """Build live objects for every stored key of ``step_id`` in one pass."""
+        ...
+
+    def prefetch(self, step_id: str, keys: Iterable[str]) -> int:
+        """Make the stored state of ``keys`` live in one call; return how
+        many were built. With a live-key limit it also marks them recently
+        used."""
+        ...
+
+    def evict(self, epoch: int) -> int:
+        """Over the live-key limit, drop the least recently used objects
+        (writing changed ones at ``epoch`` first); return how many."""
+        ...
+
+    @property
+    def max_live_keys(self) -> Optional[int]:
+        """The bound on live objects, or ``None``."""
         ...
 
     def snapshot(self, epoch: int) -> int:
@@ -136,15 +164,24 @@ class _LiveState:
         # Steps that may have keys stored but not live; other steps never
         # pay for a lookup on a miss.
         self._maybe_stored: set[str] = set()
+        # Keys a prefetch looked up and did not find, per step: the per-key
+        # path must not look them up again (valid until the next eviction
+        # writes keys to the store).
+        self._absent: dict[str, set[str]] = {}
+        # Steps whose objects a live-key limit counts and evicts.
+        self._evictable: set[str] = set()
         self._closed = False
 
     # -- registration -------------------------------------------------------
 
-    def register(self, step_id: str, builder: Builder) -> None:
+    def register(self, step_id: str, builder: Builder, *, evictable: bool = False) -> None:
         """Register ``builder`` as the way to build state objects of ``step_id``.
 
         Registering the same step id again replaces the builder (live objects
-        are kept). Raises ``TypeError`` if ``builder`` is not callable.
+        are kept). With ``evictable``, the step's objects count against a
+        live-key limit and may be evicted (keyed state; not the positions of
+        source and sink partitions, which their steps hold on to). Raises
+        ``TypeError`` if ``builder`` is not callable.
         """
         self._check_open()
         if not isinstance(step_id, str) or not step_id:
@@ -158,6 +195,8 @@ class _LiveState:
         if not callable(builder):
             raise TypeError(f"builder for step {step_id!r} must be callable, got {builder!r}")
         self._builders[step_id] = builder
+        if evictable:
+            self._evictable.add(step_id)
         self._live.setdefault(step_id, {})
         self._dirty.setdefault(step_id, {})
         self._deleted.setdefault(step_id, set())
@@ -255,6 +294,10 @@ class _LiveState:
         """Return how many state objects are live in memory."""
         return sum(len(v) for v in self._live.values())
 
+    def evictable_count(self) -> int:
+        """Return how many live objects count against a live-key limit."""
+        return sum(len(self._live[step_id]) for step_id in self._evictable)
+
     def dirty_count(self) -> int:
         """Return how many keys the next snapshot will write."""
         return sum(len(v) for v in self._dirty.values())
@@ -314,6 +357,9 @@ class _LiveState:
         """Build the live object of a non-live key from storage, or None."""
         self._check_key(step_id, key)
         if step_id not in self._maybe_stored or key in self._deleted[step_id]:
+            return None
+        absent = self._absent.get(step_id)
+        if absent is not None and key in absent:
             return None
         state = self._load(step_id, key)
         if state is _MISSING:
@@ -382,8 +428,51 @@ class MemoryStateStore(_LiveState):
             raise self._unknown_step(step_id)
         return 0
 
+    def prefetch(self, step_id: str, keys: Iterable[str]) -> int:
+        """Nothing is stored, so nothing is built: return 0."""
+        return 0
+
+    def evict(self, epoch: int) -> int:
+        """Memory is the only place state lives: nothing is evicted."""
+        return 0
+
+    @property
+    def max_live_keys(self) -> Optional[int]:
+        """Always ``None``: a memory store keeps every key live."""
+        return None
+
 
 PathLike = Union[str, "os.PathLike[str]"]
+
+
+def check_max_live_keys(value: Optional[int]) -> Optional[int]:
+    """Return ``value`` if it is a valid live-key limit (``None`` or an
+    int of at least 1); raise ``ValueError`` naming it otherwise."""
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise ValueError(
+            f"max_live_keys must be a whole number of at least 1 (or None for no limit), got {value!r}"
+        )
+    return value
+
+
+@dataclass
+class LiveStats:
+    """What a store's live-key limit did, counted since it opened."""
+
+    #: Keys dropped from memory by :meth:`StateStore.evict`.
+    evicted: int = 0
+    #: Eviction passes (each drops a batch of keys).
+    evictions: int = 0
+    #: Evicted keys written first (changed since their last snapshot).
+    spilled: int = 0
+    #: Keys built from the store by :meth:`StateStore.prefetch`.
+    hydrated: int = 0
+    #: Multi-get calls that built them.
+    hydrate_calls: int = 0
+    #: Keys looked up one at a time (outside a prefetch).
+    single_gets: int = 0
 
 
 class StateStore(_LiveState):
@@ -419,6 +508,9 @@ class StateStore(_LiveState):
         #: whole state. The recovery run sets it in batch mode, where a whole
         #: epoch spares a compaction that would rewrite all of it.
         self.whole_from: Optional[float] = None
+        self._max_live: Optional[int] = None
+        #: Counters of the live set: see :class:`LiveStats`.
+        self.live_stats = LiveStats()
 
     @classmethod
     def open(
@@ -461,10 +553,148 @@ class StateStore(_LiveState):
         path = directory / flow_id / f"worker-{worker_index:04d}" / "store.sqlite"
         return cls(handle, flow_id, worker_index, worker_count, key_group_count, resume_epoch, path)
 
-    def register(self, step_id: str, builder: Builder) -> None:
-        super().register(step_id, builder)
+    def register(self, step_id: str, builder: Builder, *, evictable: bool = False) -> None:
+        super().register(step_id, builder, evictable=evictable)
         if step_id in self._stored_steps:
             self._maybe_stored.add(step_id)
+
+    @property
+    def max_live_keys(self) -> Optional[int]:
+        """The most live objects the store keeps between activations
+        (``None``: no bound). Set it with :meth:`limit_live_keys`."""
+        return self._max_live
+
+    def limit_live_keys(self, max_live_keys: Optional[int]) -> None:
+        """Bound the live objects to ``max_live_keys`` (``None``: no bound).
+
+        Over the bound, :meth:`evict` drops the least recently used ones,
+        writing those changed since their last snapshot first; they come
+        back from the store when touched again. Raises ``ValueError`` for a
+        bound below 1.
+        """
+        self._max_live = check_max_live_keys(max_live_keys)
+
+    def prefetch(self, step_id: str, keys: Iterable[str]) -> int:
+        """Build the live objects of the stored ``keys`` that are not live,
+        in one call to the core (a multi-get), and return how many it built.
+
+        A caller about to touch a batch of keys calls this first: each key
+        then costs a dict lookup instead of a lookup in the store. Keys the
+        store does not hold are remembered as absent until the next
+        eviction, so touching them looks nothing up either. With a live-key
+        limit, the keys also become the most recently used.
+        """
+        live = self._live.get(step_id)
+        if live is None:
+            raise self._unknown_step(step_id)
+        missing: list[str]
+        if self._max_live is not None:
+            # Least recently used first: the live dict's order. Moving a
+            # touched key to its end costs a pop and an insert.
+            missing = []
+            for key in keys:
+                obj = live.pop(key, _MISSING)
+                if obj is _MISSING:
+                    missing.append(key)
+                else:
+                    live[key] = obj
+        elif step_id in self._maybe_stored:
+            missing = [key for key in keys if key not in live]
+        else:
+            return 0
+        if not missing or step_id not in self._maybe_stored:
+            return 0
+        deleted = self._deleted[step_id]
+        if deleted:
+            missing = [key for key in missing if key not in deleted]
+        from millpond import _core
+        try:
+            built = int(_core.store_hydrate_keys(
+                self._require_handle(), step_id, missing, live, deleted, self._builders[step_id], pickle.loads
+            ))
+        except UnicodeEncodeError:
+            # A key the store cannot hold: the per-key path names it.
+            return 0
+        stats = self.live_stats
+        stats.hydrated += built
+        stats.hydrate_calls += 1
+        if built < len(missing):
+            self._absent[step_id] = {key for key in missing if key not in live}
+        else:
+            self._absent.pop(step_id, None)
+        return built
+
+    def evict(self, epoch: int) -> int:
+        """Over the live-key limit, drop the least recently used objects;
+        return how many went.
+
+        Eviction runs in batches: from over the limit down to 90% of it, so
+        the next few new keys do not each cost an eviction. Objects changed
+        since their last snapshot are written first, at ``epoch`` (the epoch
+        in progress: like any row of an epoch that never commits, they are
+        rolled back if it does not). Committed state is the same whichever
+        keys were live.
+        """
+        limit = self._max_live
+        if limit is None:
+            return 0
+        total = self.evictable_count()
+        if total <= limit:
+            return 0
+        excess = total - (limit - limit // 10)
+        victims: dict[str, list[str]] = {}
+        for step_id in self._evictable:
+            live = self._live[step_id]
+            share = min(len(live), -(-excess * len(live) // total))
+            if share:
+                victims[step_id] = list(itertools.islice(live, share))
+        changed: dict[str, dict[str, None]] = {}
+        for step_id, keys in victims.items():
+            dirty = self._dirty[step_id]
+            written = dict.fromkeys(key for key in keys if key in dirty)
+            if written:
+                changed[step_id] = written
+        if changed:
+            self._write(self._spill_epoch(epoch), changed)
+        count = 0
+        for step_id, keys in victims.items():
+            live, dirty = self._live[step_id], self._dirty[step_id]
+            for key in keys:
+                del live[key]
+                dirty.pop(key, None)
+            count += len(keys)
+            self._stored_steps.add(step_id)
+            self._maybe_stored.add(step_id)
+        # Keys found absent may be stored now.
+        self._absent.clear()
+        stats = self.live_stats
+        stats.evicted += count
+        stats.evictions += 1
+        stats.spilled += sum(len(w) for w in changed.values())
+        return count
+
+    def _spill_epoch(self, epoch: int) -> int:
+        """The epoch evicted changes are written at."""
+        return epoch
+
+    def _write(self, epoch: int, touched: dict[str, dict[str, None]]) -> int:
+        """Write ``touched`` (keys per step; a key not live is a deletion)
+        at ``epoch``, outside of a snapshot."""
+        from millpond import _core
+        collecting = _pygc.isenabled()
+        _pygc.disable()
+        try:
+            written, _, _ = _core.store_snapshot(
+                self._require_handle(), epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, False
+            )
+        except (StateStoreError, RecoveryError):
+            raise
+        except Exception as exc:
+            self._raise_snapshot_error(exc)
+        finally:
+            if collecting:
+                _pygc.enable()
+        return int(written)
 
     def snapshot(self, epoch: int) -> int:
         """Persist every touched key at ``epoch`` in one call; return the rows written.
@@ -505,9 +735,9 @@ class StateStore(_LiveState):
                 _pygc.enable()
         self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
-        # Keys written by this store stay live (they are never evicted), so
-        # a miss can only be a key stored before it opened: steps first
-        # written now never need a lookup on a miss.
+        # Keys written by this store stay live unless evicted (which marks
+        # their step as stored), so steps first written now never need a
+        # lookup on a miss.
         self._clear_dirty()
         return int(written)
 
@@ -611,6 +841,7 @@ class StateStore(_LiveState):
     def _load(self, step_id: str, key: str) -> Any:
         from millpond import _core
         found = _core.store_get(self._require_handle(), step_id, key)
+        self.live_stats.single_gets += 1
         if found is None or found[1] is None:
             return _MISSING
         return pickle.loads(found[1])

@@ -50,8 +50,24 @@ class FakeStore:
         self.gone: set = set()
         self.touched: set = set()
 
-    def register(self, step_id: str, builder: Callable[[Any], Any]) -> None:
+    #: The fake keeps every key live (the real store's limit is tested on
+    #: the real store).
+    max_live_keys = None
+
+    def register(self, step_id: str, builder: Callable[[Any], Any], *, evictable: bool = False) -> None:
         self.builders[step_id] = builder
+
+    def prefetch(self, step_id: str, keys: Any) -> int:
+        return 0
+
+    def evict(self, epoch: int) -> int:
+        return 0
+
+    def live_count(self) -> int:
+        return len(self.live)
+
+    def evictable_count(self) -> int:
+        return len(self.live)
 
     def peek(self, step_id: str, key: str) -> Any:
         sk = (step_id, key)

@@ -14,6 +14,7 @@ written; positions are recorded; recovery snapshots the store).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, FrozenSet, List, Optional
@@ -28,6 +29,7 @@ from millpond.engine.progress import EpochProgress, LocalProgress, SingleProcess
 from millpond.engine.worker import Worker
 from millpond.errors import AbortExecution
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
+from millpond.state import check_max_live_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from millpond.recovery import RecoveryConfig
@@ -42,6 +44,33 @@ DEFAULT_EPOCH_INTERVAL = timedelta(seconds=10)
 # With nothing to do and a partition that wants polling again at once, wait
 # this long rather than spin (the machine is shared).
 _IDLE_POLL_SECONDS = 0.001
+
+
+#: The variable that sets a live-key limit when the caller gives none.
+MAX_LIVE_KEYS_VAR = "MILLPOND_MAX_LIVE_KEYS"
+
+
+def resolve_max_live_keys(
+    max_live_keys: Optional[int], recovery_config: Optional["RecoveryConfig"]
+) -> Optional[int]:
+    """The live-key limit of a run: the argument, else the recovery
+    config's, else ``MILLPOND_MAX_LIVE_KEYS``, else none. Raises
+    ``ValueError`` naming a bad value and where it came from."""
+    if max_live_keys is not None:
+        return check_max_live_keys(max_live_keys)
+    configured = getattr(recovery_config, "max_live_keys", None)
+    if configured is not None:
+        return check_max_live_keys(configured)
+    raw = os.environ.get(MAX_LIVE_KEYS_VAR, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{MAX_LIVE_KEYS_VAR}={raw!r} is not a whole number of at least 1; unset it for no limit")
+    return value
 
 
 def _check_interval(epoch_interval: Optional[timedelta]) -> timedelta:
@@ -66,9 +95,14 @@ def execute(
     clock: Optional[Clock] = None,
     progress: Optional[EpochProgress] = None,
     cluster: Optional[ClusterSettings] = None,
+    max_live_keys: Optional[int] = None,
 ) -> None:
     """Run ``flow`` to the end of its input with ``worker_count`` workers
     in this process (and as many in every other process of ``cluster``).
+
+    ``max_live_keys`` bounds each worker's live state objects; ``None``
+    takes ``recovery_config.max_live_keys``, else the variable
+    ``MILLPOND_MAX_LIVE_KEYS``, else no bound.
 
     Returns normally at EOF and after ``TestingSource.ABORT()``; raises
     ``DataflowError`` for an exception in user code, ``ClusterError`` when
@@ -77,6 +111,7 @@ def execute(
     """
     plan = compile_plan(flow)
     interval = _check_interval(epoch_interval)
+    live_limit = resolve_max_live_keys(max_live_keys, recovery_config)
     if not isinstance(worker_count, int) or worker_count < 1:
         raise ValueError(f"worker count must be a positive int; got {worker_count!r}")
     clock = clock or SystemClock()
@@ -88,7 +123,7 @@ def execute(
         )
         node = ClusterNode(cluster, identity)
     try:
-        finished = _execute(plan, worker_count, interval, recovery_config, clock, progress, node)
+        finished = _execute(plan, worker_count, interval, recovery_config, clock, progress, node, live_limit)
     except BaseException as ex:
         if node is not None:
             node.abort(f"{type(ex).__name__}: {ex}"[:300])
@@ -110,6 +145,7 @@ def _execute(
     clock: Clock,
     progress: Optional[EpochProgress],
     node: Optional[ClusterNode],
+    max_live_keys: Optional[int] = None,
 ) -> bool:
     """Run the epochs; True if the inputs ended (False: aborted)."""
     first = node.index * workers_here if node is not None else 0
@@ -122,7 +158,7 @@ def _execute(
     else:
         exchange = LocalExchange(workers_here)
         progress = progress or SingleProcessProgress()
-    run = open_run(recovery_config, plan.flow_id, total, hosted, node)
+    run = open_run(recovery_config, plan.flow_id, total, hosted, node, max_live_keys)
     workers: List[Worker] = []
     aborted = True
     try:
@@ -152,6 +188,8 @@ def _execute(
                 worker.close()
         finally:
             loop.log_summary()
+            for worker in workers:
+                worker.log_live_stats()
     finally:
         try:
             run.finish(aborted)

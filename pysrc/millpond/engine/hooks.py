@@ -2,7 +2,8 @@
 
 With a recovery config the engine gets a
 :class:`~millpond.engine.recovery_run.RecoveryRun`; without one it uses
-:class:`EphemeralRun`: fresh in-memory stores, epoch 1, nothing persisted.
+:class:`EphemeralRun`: fresh in-memory stores, epoch 1, nothing persisted
+(with a live-key limit, stores that spill to a temporary directory).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, Optional, Protocol, Sequence
 
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
-from millpond.state import MemoryStateStore, WorkerStore
+from millpond.state import MemoryStateStore, StateStore, WorkerStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from millpond.engine.cluster import ClusterNode
@@ -55,15 +56,41 @@ class EphemeralRun:
 
     ``MemoryStateStore.snapshot`` persists nothing and only forgets which
     keys were touched or discarded; calling it at each epoch close keeps
-    those sets from growing for the life of a long-running flow.
+    those sets from growing for the life of a long-running flow. With
+    ``max_live_keys``, each worker gets a
+    :class:`~millpond.spill.SpillStore` instead: state beyond the limit
+    goes to a temporary directory, removed at :meth:`close`.
     """
 
     resume_epoch = 1
     execution = 0
 
-    def __init__(self, hosted: Sequence[int], key_group_count: int) -> None:
+    def __init__(
+        self,
+        hosted: Sequence[int],
+        key_group_count: int,
+        flow_id: str = "flow",
+        worker_count: Optional[int] = None,
+        max_live_keys: Optional[int] = None,
+    ) -> None:
         self.key_group_count = key_group_count
-        self._stores: Dict[int, MemoryStateStore] = {w: MemoryStateStore() for w in hosted}
+        self._stores: Dict[int, WorkerStore] = {}
+        if max_live_keys is None:
+            self._stores = {w: MemoryStateStore() for w in hosted}
+            return
+        # Imported here: spilling needs the Go extension, a flow without
+        # a limit not.
+        from millpond.spill import SpillStore
+
+        count = worker_count if worker_count is not None else max(hosted, default=0) + 1
+        try:
+            for w in hosted:
+                self._stores[w] = SpillStore.open_spill(
+                    flow_id, w, count, max_live_keys, key_group_count=key_group_count
+                )
+        except BaseException:
+            self.close()
+            raise
 
     def worker_store(self, worker_index: int) -> WorkerStore:
         return self._stores[worker_index]
@@ -91,16 +118,24 @@ def open_run(
     worker_count: int,
     hosted: Optional[Sequence[int]] = None,
     node: Optional["ClusterNode"] = None,
+    max_live_keys: Optional[int] = None,
 ) -> Run:
     """The run for this execution: recovering if a config is given.
 
     ``worker_count`` is the flow's workers in all; this process hosts
     ``hosted`` of them (all by default), and ``node`` connects it to the
-    other processes of its cluster."""
+    other processes of its cluster. ``max_live_keys`` bounds each
+    worker's live state objects (``None``: no bound)."""
     hosted = range(worker_count) if hosted is None else hosted
     if recovery_config is None:
-        return EphemeralRun(hosted, DEFAULT_KEY_GROUP_COUNT)
+        return EphemeralRun(hosted, DEFAULT_KEY_GROUP_COUNT, flow_id, worker_count, max_live_keys)
     # Imported here: recovery needs the Go extension, a flow without it not.
     from millpond.engine.recovery_run import open_recovery_run
 
-    return open_recovery_run(recovery_config, flow_id, worker_count, hosted, node)
+    run = open_recovery_run(recovery_config, flow_id, worker_count, hosted, node)
+    if max_live_keys is not None:
+        for w in hosted:
+            store = run.worker_store(w)
+            assert isinstance(store, StateStore)
+            store.limit_live_keys(max_live_keys)
+    return run

@@ -34,15 +34,23 @@ def run_main(
     *,
     epoch_interval: Optional[timedelta] = None,
     recovery_config: Optional["RecoveryConfig"] = None,
+    max_live_keys: Optional[int] = None,
 ) -> None:
     """Run ``flow`` on one worker in the calling thread until its input ends.
 
     ``epoch_interval`` defaults to 10 seconds; ``recovery_config`` (a
-    ``millpond.recovery.RecoveryConfig``) turns recovery on. Exceptions from
-    user code arrive as ``millpond.errors.DataflowError``; ``ValueError``
-    for a flow without input or output.
+    ``millpond.recovery.RecoveryConfig``) turns recovery on.
+    ``max_live_keys`` bounds the keyed state objects kept in memory: colder
+    ones are evicted to the local store (a temporary directory without
+    recovery) and read back when touched; ``None`` takes the recovery
+    config's, else ``MILLPOND_MAX_LIVE_KEYS``, else no bound. Exceptions
+    from user code arrive as ``millpond.errors.DataflowError``;
+    ``ValueError`` for a flow without input or output, or a limit below 1.
     """
-    execute(flow, worker_count=1, epoch_interval=epoch_interval, recovery_config=recovery_config)
+    execute(
+        flow, worker_count=1, epoch_interval=epoch_interval, recovery_config=recovery_config,
+        max_live_keys=max_live_keys,
+    )
 
 
 def cluster_main(
@@ -56,6 +64,7 @@ def cluster_main(
     tls_cert: Optional[str] = None,
     tls_key: Optional[str] = None,
     tls_ca: Optional[str] = None,
+    max_live_keys: Optional[int] = None,
 ) -> None:
     """Run ``flow`` as process ``proc_id`` of a cluster, with
     ``worker_count_per_proc`` workers here.
@@ -73,7 +82,9 @@ def cluster_main(
     of a lost process. ``tls_cert`` and ``tls_key`` (PEM files; default
     ``MILLPOND_TLS_CERT``, ``MILLPOND_TLS_KEY``) turn on TLS between the
     processes, ``tls_ca`` (``MILLPOND_TLS_CA``) mutual TLS: every process
-    then needs a certificate signed by that CA (docs/cluster.md). Raises
+    then needs a certificate signed by that CA (docs/cluster.md).
+    ``max_live_keys`` bounds each worker's live keyed state as in
+    :func:`run_main`. Raises
     ``ValueError`` for settings wrong in themselves (a TLS file that cannot
     be used, say), before anything starts; ``ClusterError`` when the
     cluster cannot start or a process is lost; run the whole cluster again
@@ -96,4 +107,5 @@ def cluster_main(
         epoch_interval=epoch_interval,
         recovery_config=recovery_config,
         cluster=settings,
+        max_live_keys=max_live_keys,
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from millpond.engine.steps import StepRuntime
 from millpond.errors import keyed_item_error
@@ -29,6 +29,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["StatefulBatchRuntime"]
 
 logger = logging.getLogger("millpond")
+
+# With a live-key limit, a step that visits every key (end of input, timers
+# re-armed on resume) brings this many at most back from the store at once.
+_VISIT_CHUNK = 4096
 
 
 class _AlwaysFalse(Dict[type, bool]):
@@ -44,7 +48,7 @@ class StatefulBatchRuntime(StepRuntime):
     def __init__(self, worker: "Worker", step: "PlanStep") -> None:
         super().__init__(worker, step)
         self.store = worker.store
-        self.store.register(self.step_id, step.params["builder"])
+        self.store.register(self.step_id, step.params["builder"], evictable=True)
         self.pending: Dict[str, List[Any]] = {}
         self.timers: Dict[str, datetime] = {}
         self.heap: List[Tuple[datetime, str]] = []
@@ -100,6 +104,8 @@ class StatefulBatchRuntime(StepRuntime):
         did = False
         if self.pending:
             pending, self.pending = self.pending, {}
+            # The batch's stored keys come from the store in one call.
+            self._prefetch(pending)
             # Outputs of all keys of the activation go downstream as one batch.
             self._out = []
             for key, values in pending.items():
@@ -118,6 +124,9 @@ class StatefulBatchRuntime(StepRuntime):
                 at, key = heapq.heappop(heap)
                 if timers.get(key) == at:
                     due.append(key)
+            # Timers of evicted keys fire on time: their state comes back
+            # in one call.
+            self._prefetch(due)
             self._out = []
             for key in due:
                 if key in timers:
@@ -219,18 +228,45 @@ class StatefulBatchRuntime(StepRuntime):
         # Reading does not change a key's state: peek, so nothing is
         # snapshotted again for it.
         keys = sorted(self.store.keys(self.step_id))
-        for i, key in enumerate(keys):
-            try:
-                logic = self.store.peek(self.step_id, key)
-            except Exception as ex:
-                raise self.fail(ex, key=key, what="builder") from ex
-            if logic is None:
-                continue
-            if i == 0:
-                if not sets_timers(logic_class(logic)):
-                    return
-                self._hydrate_all()
-            self._rearm(key, logic)
+        for chunk in self._chunks(keys):
+            for key in chunk:
+                try:
+                    logic = self.store.peek(self.step_id, key)
+                except Exception as ex:
+                    raise self.fail(ex, key=key, what="builder") from ex
+                if logic is None:
+                    continue
+                if key is keys[0]:
+                    if not sets_timers(logic_class(logic)):
+                        return
+                    if self.store.max_live_keys is None:
+                        self._hydrate_all()
+                self._rearm(key, logic)
+            self.worker.evict()
+
+    def _chunks(self, keys: List[str]) -> Iterator[List[str]]:
+        """``keys`` in slices whose stored state comes live in one call each:
+        all at once without a live-key limit (the caller then hydrates in
+        one streaming pass), otherwise at most the limit at a time, so a
+        caller that visits every key keeps the live set bounded."""
+        limit = self.store.max_live_keys
+        if limit is None:
+            yield keys
+            return
+        size = max(1, min(limit, _VISIT_CHUNK))
+        for i in range(0, len(keys), size):
+            chunk = keys[i:i + size]
+            self._prefetch(chunk)
+            yield chunk
+
+    def _prefetch(self, keys: Iterable[str]) -> None:
+        """Bring the stored state of ``keys`` live in one call. A builder
+        that fails here fails again, naming its key, when the caller gets
+        to that key (keys built before it stay live)."""
+        try:
+            self.store.prefetch(self.step_id, keys)
+        except Exception:  # noqa: BLE001 - reported per key by the caller
+            logger.debug("step %r: batched restore failed; building keys one by one", self.step_id, exc_info=True)
 
     def _hydrate_all(self) -> None:
         """Build every stored key's logic in one streaming pass, for a
@@ -256,30 +292,33 @@ class StatefulBatchRuntime(StepRuntime):
             keys = sorted(store.keys(self.step_id))
             # A resumed run holds only the keys it touched; on_eof may
             # run for any of them.
-            self._hydrate_all()
+            if store.max_live_keys is None:
+                self._hydrate_all()
         # Asked per class, not per key: this runs for every key at the end.
         default_eof: Dict[type, bool] = {}
-        for key in keys:
-            try:
-                logic = store.peek(self.step_id, key)
-            except Exception as ex:
-                raise self.fail(ex, key=key, what="builder") from ex
-            if logic is None:
-                continue
-            cls = logic_class(logic)
-            keeps = default_eof.get(cls)
-            if keeps is None:
-                keeps = default_eof[cls] = keeps_default_eof(cls)
-            if keeps:
-                continue
-            store.get(self.step_id, key)  # on_eof may change it: snapshot it
-            try:
-                out, discard = logic.on_eof()
-            except Exception as ex:
-                raise self.fail(ex, key=key, what="on_eof") from ex
-            self._emit(key, out, "on_eof")
-            if discard:
-                store.discard(self.step_id, key)
+        for chunk in self._chunks(keys):
+            for key in chunk:
+                try:
+                    logic = store.peek(self.step_id, key)
+                except Exception as ex:
+                    raise self.fail(ex, key=key, what="builder") from ex
+                if logic is None:
+                    continue
+                cls = logic_class(logic)
+                keeps = default_eof.get(cls)
+                if keeps is None:
+                    keeps = default_eof[cls] = keeps_default_eof(cls)
+                if keeps:
+                    continue
+                store.get(self.step_id, key)  # on_eof may change it: snapshot it
+                try:
+                    out, discard = logic.on_eof()
+                except Exception as ex:
+                    raise self.fail(ex, key=key, what="on_eof") from ex
+                self._emit(key, out, "on_eof")
+                if discard:
+                    store.discard(self.step_id, key)
+            self.worker.evict()
         out, self._out = self._out, []
         self.timers.clear()
         self.heap.clear()

@@ -9,6 +9,7 @@ steps buffer what they receive and run in ``pump``, in topological order.
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional
@@ -31,6 +32,8 @@ from millpond.errors import DataflowError, SnapshotError
 from millpond.keygroup import worker_for_key
 
 __all__ = ["Worker"]
+
+logger = logging.getLogger("millpond")
 
 _RUNTIMES: Dict[str, Callable[..., StepRuntime]] = {
     "input": InputRuntime,
@@ -67,6 +70,7 @@ class Worker:
         self.clock = clock
         self.epoch = epoch
         self.store = run.worker_store(index)
+        self._evicts = self.store.max_live_keys is not None
         self._touched = False
         self._owner_cache: Dict[str, int] = {}
         self.runtimes: List[StepRuntime] = []
@@ -115,6 +119,29 @@ class Worker:
         if self._touched:
             self._touched = False
             self.run.activation_done(self.index, self.epoch)
+            if self._evicts:
+                self.store.evict(self.epoch)
+
+    def evict(self) -> None:
+        """Bring the live state back under the worker's live-key limit (a
+        step that makes many keys live in one go calls this between
+        chunks)."""
+        if self._evicts:
+            self.store.evict(self.epoch)
+
+    def log_live_stats(self) -> None:
+        """Log what the live-key limit did in this run, if there is one."""
+        limit = self.store.max_live_keys
+        stats = getattr(self.store, "live_stats", None)
+        if limit is None or stats is None:
+            return
+        calls = stats.hydrate_calls
+        logger.info(
+            "worker %d: %d live keys (limit %d); evicted %d keys in %d batches (%d written first); "
+            "hydrated %d keys in %d multi-gets (%.1f per call), %d single reads",
+            self.index, self.store.evictable_count(), limit, stats.evicted, stats.evictions, stats.spilled,
+            stats.hydrated, calls, stats.hydrated / calls if calls else 0.0, stats.single_gets,
+        )
 
     # -- scheduling -----------------------------------------------------
 
