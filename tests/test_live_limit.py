@@ -85,9 +85,9 @@ def test_a_changed_key_evicted_then_snapshotted_in_the_same_epoch_keeps_its_last
     with _store(tmp_path, 1) as s:
         s.get_or_build(STEP, "a").v = 1
         s.get_or_build(STEP, "b").v = 2
-        s.evict(1)  # "a" goes, written at epoch 1; "b" (newest) stays
-        assert s.evictable_count() == 1
-        assert s.live_stats.spilled == 1
+        s.evict(1)  # both go, written at epoch 1
+        assert s.evictable_count() == 0
+        assert s.live_stats.spilled == 2
         s.get(STEP, "a").v = 10  # back, changed again in the same epoch
         s.discard(STEP, "b")
         s.snapshot(1)
@@ -306,3 +306,54 @@ def test_the_variable_sets_the_limit_when_nothing_else_does(tmp_path, monkeypatc
     run_main(_count_flow(_items(range(40), [1] * 40), []), max_live_keys=7)
     assert any("live keys (limit 7)" in r.getMessage() for r in caplog.records)
     assert os.environ["MILLPOND_MAX_LIVE_KEYS"] == "5"
+
+
+# -- SIGKILL while evictions are in flight -------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigkill_while_evicting_then_resume_with_another_limit_and_worker_count(tmp_path):
+    """The word count of helpers.mpflow (300 words) under a limit of 20 live
+    keys evicts on nearly every batch; SIGKILLed at random moments, each
+    rerun leaves a prefix of the uninterrupted output, and a last run with
+    a limit of 7 on two workers completes it exactly: every count once."""
+    import random
+
+    from helpers.mpflow import child_env, expected_output, kill_at_random_points, make_run_dir, run, run_argv
+
+    uninterrupted = expected_output()
+    d = make_run_dir(tmp_path / "run")
+    (d / "state").mkdir()
+    argv = run_argv(local="state", backup=None, extra=["--max-live-keys", "20"])
+    logs, killed = kill_at_random_points(argv, d, child_env(), 3, random.Random(13), 0.35, d / "out.txt",
+                                         uninterrupted)
+    assert killed == 3
+    final = run(run_argv(local="state", backup=None, extra=["--max-live-keys", "7", "-w", "2"]), d, timeout=120)
+    assert final.returncode == 0, final
+    text = (d / "out.txt").read_text()
+    # Every running count exactly once (two workers emit in another order).
+    assert sorted(text.splitlines()) == sorted(uninterrupted.splitlines())
+    import re
+
+    evicted = [int(n) for n in re.findall(r"live keys \(limit 7\); evicted (\d+) keys", final.stderr)]
+    assert len(evicted) == 2 and sum(evicted) > 0, final.stderr
+
+
+def test_the_command_line_takes_the_limit_and_refuses_a_bad_one(tmp_path):
+    from helpers.mpflow import PYTHON, child_env, make_run_dir, run
+
+    d = make_run_dir(tmp_path / "run", lines=200)
+    flow = 'wcflow:get_flow("in.txt", "out.txt")'
+    bad = run([PYTHON, "-m", "millpond.run", flow, "--max-live-keys", "0"], d)
+    assert bad.returncode == 2
+    assert "--max-live-keys: expected a positive integer, got '0'" in bad.stderr
+    bad = run([PYTHON, "-m", "millpond.run", flow], d, env=child_env({"MILLPOND_MAX_LIVE_KEYS": "lots"}))
+    assert bad.returncode == 2
+    assert "MILLPOND_MAX_LIVE_KEYS='lots': expected a positive integer" in bad.stderr
+    assert not (d / "out.txt").exists()
+    ok = run([PYTHON, "-m", "millpond.run", flow, "--max-live-keys", "25"], d,
+             env=child_env({"TMPDIR": str(tmp_path)}))
+    assert ok.returncode == 0, ok
+    assert "live keys (limit 25)" in ok.stderr
+    # Without recovery, the spill directory is gone at exit.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

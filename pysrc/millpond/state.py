@@ -628,8 +628,9 @@ class StateStore(_LiveState):
         """Over the live-key limit, drop the least recently used objects;
         return how many went.
 
-        Eviction runs in batches: from over the limit down to 90% of it, so
-        the next few new keys do not each cost an eviction. Objects changed
+        Eviction runs in batches: from over the limit down to 90% of it
+        (at least one below it), so the next new keys do not each cost an
+        eviction. Objects changed
         since their last snapshot are written first, at ``epoch`` (the epoch
         in progress: like any row of an epoch that never commits, they are
         rolled back if it does not). Committed state is the same whichever
@@ -641,7 +642,7 @@ class StateStore(_LiveState):
         total = self.evictable_count()
         if total <= limit:
             return 0
-        excess = total - (limit - limit // 10)
+        excess = total - (limit - max(1, limit // 10))
         victims: dict[str, list[str]] = {}
         for step_id in self._evictable:
             live = self._live[step_id]
