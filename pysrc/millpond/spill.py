@@ -68,7 +68,7 @@ class SpillStore(StateStore):
         deletions = {step: dict.fromkeys(keys) for step, keys in self._deleted.items() if keys}
         if not deletions:
             return 0
-        written = self._write(_SPILL_EPOCH, deletions)
+        written, _, _ = self._write(_SPILL_EPOCH, deletions)
         for step, keys in deletions.items():
             dirty = self._dirty[step]
             for key in keys:

@@ -678,24 +678,34 @@ class StateStore(_LiveState):
         """The epoch evicted changes are written at."""
         return epoch
 
-    def _write(self, epoch: int, touched: dict[str, dict[str, None]]) -> int:
+    def _write(self, epoch: int, touched: dict[str, dict[str, None]], whole: bool = False) -> tuple[int, float, float]:
         """Write ``touched`` (keys per step; a key not live is a deletion)
-        at ``epoch``, outside of a snapshot."""
+        at ``epoch`` in one call; return the rows written and the seconds
+        spent packing and handing them to the core.
+
+        Each pickle.dumps allocates a pickler the cyclic collector tracks,
+        so a large write would set off collections that walk the whole
+        heap, for objects that are garbage at once and in no cycle:
+        collection waits until the batch is packed.
+        """
         from millpond import _core
+        handle = self._require_handle()
         collecting = _pygc.isenabled()
         _pygc.disable()
         try:
-            written, _, _ = _core.store_snapshot(
-                self._require_handle(), epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, False
+            written, pack_s, write_s = _core.store_snapshot(
+                handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, whole
             )
         except (StateStoreError, RecoveryError):
             raise
         except Exception as exc:
+            # Packing failed in user code (.snapshot() or pickling) and
+            # nothing was written: find the step and key to name.
             self._raise_snapshot_error(exc)
         finally:
             if collecting:
                 _pygc.enable()
-        return int(written)
+        return int(written), pack_s, write_s
 
     def snapshot(self, epoch: int) -> int:
         """Persist every touched key at ``epoch`` in one call; return the rows written.
@@ -710,37 +720,18 @@ class StateStore(_LiveState):
         :class:`~millpond.errors.SnapshotError` names its step and key and
         nothing of the batch is written.
         """
-        from millpond import _core
-        handle = self._require_handle()
+        self._require_handle()
         if type(epoch) is not int or epoch < 1:
             raise ValueError(f"snapshot epoch must be an int of at least 1 (epochs start at 1), got {epoch!r}")
         whole = self._make_whole(self.whole_from)
-        # Each pickle.dumps allocates a pickler the cyclic collector tracks,
-        # so a large snapshot would set off collections that walk the whole
-        # heap, for objects that are garbage at once and in no cycle.
-        # Collection waits until the snapshot is packed.
-        collecting = _pygc.isenabled()
-        _pygc.disable()
-        try:
-            written, pack_s, write_s = _core.store_snapshot(
-                handle, epoch, self._dirty, self._live, pickle.dumps, PICKLE_PROTOCOL, whole
-            )
-        except (StateStoreError, RecoveryError):
-            raise
-        except Exception as exc:
-            # Packing failed in user code (.snapshot() or pickling) and
-            # nothing was written: find the step and key to name.
-            self._raise_snapshot_error(exc)
-        finally:
-            if collecting:
-                _pygc.enable()
+        written, pack_s, write_s = self._write(epoch, self._dirty, whole)
         self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
         # Keys written by this store stay live unless evicted (which marks
         # their step as stored), so steps first written now never need a
         # lookup on a miss.
         self._clear_dirty()
-        return int(written)
+        return written
 
     def _make_whole(self, share: Optional[float]) -> bool:
         """Whether this snapshot is the whole state, topping it up to be.
