@@ -11,6 +11,7 @@ require (
 	github.com/aws/aws-sdk-go-v2/service/s3 v1.115.0
 	github.com/aws/smithy-go v1.28.9
 	github.com/johannesboyne/gofakes3 v1.2.0
+	github.com/klauspost/compress v1.20.5
 	github.com/stretchr/testify v1.12.1
 	google.golang.org/grpc v1.85.0
 	modernc.org/libc v1.80.1

@@ -111,12 +111,13 @@ def _uploaded(line: str) -> Dict[str, int]:
     m = re.search(r"(\d+) segments \((\d+) bytes", line)
     if m:
         out["segments"], out["segment_bytes"] = int(m.group(1)), int(m.group(2))
+    m = re.search(r"(\d+) bytes before compression; (\d+) compacted objects \((\d+) bytes, (\d+) before", line)
+    if m:
+        out["segment_raw_bytes"] = int(m.group(1))
+        out["compacted"], out["compacted_bytes"], out["compacted_raw_bytes"] = map(int, m.group(2, 3, 4))
     m = re.search(r"(\d+) bytes uploaded in all", line)
     if m:
         out["uploaded_bytes"] = int(m.group(1))
-    m = re.search(r"(\d+) bytes before compression", line)
-    if m:
-        out["raw_bytes"] = int(m.group(1))
     return out
 
 
@@ -154,6 +155,7 @@ def measure(size: int, keys: int, epochs: int, changed: float, retain: int | Non
         res["segment_bytes_per_epoch"] = up["segment_bytes"] // total_epochs
     if "uploaded_bytes" in up:
         res["uploaded_bytes_per_epoch"] = up["uploaded_bytes"] // total_epochs
+        res["raw_bytes_per_epoch"] = (up["segment_raw_bytes"] + up["compacted_raw_bytes"]) // total_epochs
     res["finish_line"] = handler.line
     return res
 

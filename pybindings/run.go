@@ -177,6 +177,9 @@ func mp_run_metrics(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char
 	return setJSON(map[string]any{
 		"committed_epoch": m.CommittedEpoch, "commits": m.Commits,
 		"segments_uploaded": m.SegmentsUploaded, "bytes_uploaded": m.BytesUploaded,
+		"segment_bytes": m.SegmentBytes, "segment_raw_bytes": m.SegmentRawBytes,
+		"compacted_uploaded": m.CompactedUploaded, "compacted_bytes": m.CompactedBytes,
+		"compacted_raw_bytes": m.CompactedRawBytes,
 		"upload_seconds": m.UploadSeconds, "backpressure_seconds": m.BackpressureSeconds,
 		"compactions": m.Compactions, "whole_epochs": m.WholeEpochs, "objects_deleted": m.ObjectsDeleted,
 		"local_write_seconds": m.LocalWriteSeconds, "local_gc_seconds": m.LocalGCSeconds, "compaction_seconds": m.CompactionSeconds,

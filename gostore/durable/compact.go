@@ -223,18 +223,24 @@ func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir
 	if err := f.Seal(); err != nil {
 		return ObjectRef{}, err
 	}
-	sum, size, err := fileSHA256(path)
+	e, err := encodeFile(path, nil)
 	if err != nil {
-		return ObjectRef{}, err
+		return ObjectRef{}, fmt.Errorf("compacted object of worker %d at epoch %d: %w", w, c, err)
 	}
 	rng := keygroup.OwnedBy(w, r.cfg.WorkerCount, r.cfg.KeyGroupCount)
 	ref := ObjectRef{
 		Key: compactedKey(r.cfg.FlowID, c, r.execution, w, r.cfg.WorkerCount, variant), Kind: KindCompacted,
 		Execution: r.execution, Worker: w, WorkerCount: r.cfg.WorkerCount, GroupLo: rng.Lo, GroupHi: rng.Hi,
-		LastEpoch: c, Rows: rows, Size: size, SHA256: sum,
+		LastEpoch: c, Rows: rows, Size: e.Size, SHA256: e.SHA256, Encoding: EncodingZstd,
 	}
-	if err := store(ctx, r.cfg.Backup, path, ref.Key); err != nil {
+	if err := store(ctx, r.cfg.Backup, e.Path, ref.Key); err != nil {
 		return ObjectRef{}, fmt.Errorf("upload compacted %s: %w", ref.Key, err)
 	}
+	r.mu.Lock()
+	r.metrics.CompactedUploaded++
+	r.metrics.BytesUploaded += e.Size
+	r.metrics.CompactedBytes += e.Size
+	r.metrics.CompactedRawBytes += e.Raw
+	r.mu.Unlock()
 	return ref, nil
 }

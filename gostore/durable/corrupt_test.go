@@ -73,6 +73,17 @@ func TestCorruptObjects(t *testing.T) {
 			require.NoError(t, os.WriteFile(h.objectPath(key), data, 0o644))
 			return key
 		}, true},
+		{"commit record names an object's encoding differently", func(t *testing.T, h *harness) string {
+			// The seal covers the encoding: a record edited to read a
+			// compressed object as it is (or the reverse) is refused.
+			key := testFlow + "/commits/0000000004.json"
+			data, err := os.ReadFile(h.objectPath(key))
+			require.NoError(t, err)
+			edited := replaceOnce(string(data), `"encoding": "zstd"`, `"encoding": ""`)
+			require.NotEqual(t, string(data), edited)
+			require.NoError(t, os.WriteFile(h.objectPath(key), []byte(edited), 0o644))
+			return key
+		}, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -1,6 +1,67 @@
 package durable
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/millpond/millpond/gostore/backup"
+)
 
 // CompactAt runs a compaction at epoch c now, for tests.
 func CompactAt(ctx context.Context, r *Run, c int64) error { return r.compact(ctx, c) }
+
+// Uncompress rewrites flow's durable data in the format written before
+// objects were compressed, for tests: every object a commit record names
+// is stored as its SQLite file under its key, and every record names its
+// objects with that file's size and sha256 and no encoding, sealed with k.
+// It returns the number of objects rewritten.
+func Uncompress(ctx context.Context, b backup.Backup, flow string, k Key) (int, error) {
+	list, err := b.List(ctx, flowPrefix(flow)+commitsDir)
+	if err != nil {
+		return 0, err
+	}
+	dir, err := os.MkdirTemp("", "mp-uncompress-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(dir)
+	done := map[string]ObjectRef{}
+	for _, l := range list {
+		e, ok := recordNumber(l.Key, commitsDir)
+		if !ok {
+			continue
+		}
+		rec, err := readCommit(ctx, b, flow, e, k)
+		if err != nil {
+			return 0, err
+		}
+		for i, o := range rec.Objects {
+			if old, ok := done[o.Key]; ok {
+				rec.Objects[i] = old
+				continue
+			}
+			if o.Encoding == "" {
+				return 0, fmt.Errorf("%s is not encoded", o.Key)
+			}
+			path := filepath.Join(dir, fmt.Sprintf("%d.sqlite", len(done)))
+			if err := fetchObject(ctx, b, o, path); err != nil {
+				return 0, err
+			}
+			sum, size, err := fileSHA256(path)
+			if err != nil {
+				return 0, err
+			}
+			if err := b.Upload(ctx, path, o.Key); err != nil {
+				return 0, err
+			}
+			o.Size, o.SHA256, o.Encoding = size, sum, ""
+			rec.Objects[i], done[o.Key] = o, o
+		}
+		if err := writeCommit(ctx, b, rec, k); err != nil {
+			return 0, err
+		}
+	}
+	return len(done), nil
+}

@@ -85,8 +85,8 @@ func countKeys(ctx context.Context, b backup.Backup, st State) (map[string]int64
 	sortObjects(objs)
 	for i, o := range objs {
 		path := filepath.Join(dir, fmt.Sprintf("%06d.sqlite", i))
-		if err := b.Download(ctx, o.Key, path); err != nil {
-			return nil, fmt.Errorf("download %s: %w", o.Key, err)
+		if err := fetchObject(ctx, b, o, path); err != nil {
+			return nil, fmt.Errorf("read %s: %w", o.Key, err)
 		}
 		f, err := snapfile.Open(ctx, path, snapfile.Options{Segment: true})
 		if err != nil {
@@ -186,15 +186,28 @@ func Verify(ctx context.Context, b backup.Backup, flow string, k Key) ([]Problem
 
 func verifyObject(ctx context.Context, b backup.Backup, flow string, o ObjectRef, path string) string {
 	defer os.Remove(path)
-	if err := b.Download(ctx, o.Key, path); err != nil {
+	if err := checkEncoding(o); err != nil {
+		return err.Error()
+	}
+	stored := path
+	if o.Encoding != "" {
+		stored = path + ".zst"
+		defer os.Remove(stored)
+	}
+	if err := b.Download(ctx, o.Key, stored); err != nil {
 		return fmt.Sprintf("cannot download: %v", err)
 	}
-	sum, _, err := fileSHA256(path)
+	sum, _, err := fileSHA256(stored)
 	if err != nil {
 		return err.Error()
 	}
 	if sum != o.SHA256 {
 		return fmt.Sprintf("checksum mismatch: sha256 %s, the commit record says %s", sum, o.SHA256)
+	}
+	if o.Encoding != "" {
+		if err := decodeFile(stored, path, o.Key); err != nil {
+			return fmt.Sprintf("unreadable: %v", err)
+		}
 	}
 	f, err := snapfile.Open(ctx, path, snapfile.Options{Segment: true})
 	if err != nil {

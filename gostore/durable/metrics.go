@@ -26,10 +26,22 @@ func (r *Run) DrainCommits() []CommitEvent {
 
 // Metrics reports what the pipeline did, for users and benchmarks.
 type Metrics struct {
-	CommittedEpoch      int64
-	Commits             int64
-	SegmentsUploaded    int64
-	BytesUploaded       int64
+	CommittedEpoch   int64
+	Commits          int64
+	SegmentsUploaded int64
+	// BytesUploaded is every object this run uploaded (segments and its
+	// compacted objects), as stored: compressed.
+	BytesUploaded int64
+	// SegmentBytes and SegmentRawBytes are the segments' bytes as stored
+	// and before compression (the SQLite files the cutters wrote).
+	SegmentBytes    int64
+	SegmentRawBytes int64
+	// CompactedUploaded counts the compacted objects this process wrote;
+	// CompactedBytes and CompactedRawBytes are their bytes as stored and
+	// before compression.
+	CompactedUploaded   int64
+	CompactedBytes      int64
+	CompactedRawBytes   int64
 	UploadSeconds       float64
 	BackpressureSeconds float64
 	Compactions         int64

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
+
 	"github.com/millpond/millpond/gostore/backup"
 	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/rowbatch"
@@ -100,16 +102,14 @@ func (r *Run) newCutter(w int) (*segment.Cutter, error) {
 		},
 		Emit: func(seg segment.Segment) error {
 			r.stage(w, seg)
-			sum, size, err := fileSHA256(seg.Path)
-			if err != nil {
-				return fmt.Errorf("checksum segment %s: %w", seg.Path, err)
-			}
+			// Size and checksum come with the compression, in the upload
+			// goroutine (runUploads).
 			m := seg.Meta
 			ref := ObjectRef{
 				Key:  segmentKey(r.cfg.FlowID, r.execution, w, m.FirstEpoch, seg.Seq),
 				Kind: KindSegment, Execution: r.execution, Worker: w, WorkerCount: r.cfg.WorkerCount,
 				GroupLo: rng.Lo, GroupHi: rng.Hi, FirstEpoch: m.FirstEpoch, LastEpoch: m.LastEpoch,
-				Seq: seg.Seq, Rows: seg.Rows, Size: size, SHA256: sum,
+				Seq: seg.Seq, Rows: seg.Rows,
 			}
 			r.mu.Lock()
 			r.epochLocked(m.LastEpoch).pending++
@@ -149,16 +149,23 @@ func (r *Run) runPipe(w int, p *pipe, cut *segment.Cutter) {
 	}
 }
 
+// runUploads compresses and uploads segments until the queue closes. Each
+// upload goroutine holds one zstd encoder, reset for every segment.
 func (r *Run) runUploads() {
 	defer r.uploadWG.Done()
+	enc, err := newEncoder()
+	if err != nil {
+		r.fail(err)
+	} else {
+		defer enc.Close()
+	}
 	for job := range r.uploads {
 		if r.Err() != nil {
 			os.Remove(job.seg.Path)
 			continue
 		}
 		start := time.Now()
-		err := r.uploadWithRetry(job.seg.Path, job.ref.Key)
-		os.Remove(job.seg.Path)
+		ref, raw, err := r.uploadSegment(job, enc)
 		if err != nil {
 			r.fail(fmt.Errorf("upload segment %s of worker %d epoch %d: %w", job.ref.Key, job.ref.Worker, job.epoch, err))
 			continue
@@ -166,13 +173,33 @@ func (r *Run) runUploads() {
 		r.mu.Lock()
 		es := r.epochLocked(job.epoch)
 		es.pending--
-		es.objects = append(es.objects, job.ref)
+		es.objects = append(es.objects, ref)
 		r.metrics.SegmentsUploaded++
-		r.metrics.BytesUploaded += job.ref.Size
+		r.metrics.BytesUploaded += ref.Size
+		r.metrics.SegmentBytes += ref.Size
+		r.metrics.SegmentRawBytes += raw
 		r.metrics.UploadSeconds += time.Since(start).Seconds()
 		r.mu.Unlock()
 		r.tryCommit()
 	}
+}
+
+// uploadSegment compresses a cut segment next to it, uploads the
+// compressed file, removes both, and returns the segment's reference with
+// the stored size and checksum, and the segment's own size.
+func (r *Run) uploadSegment(job uploadJob, enc *zstd.Encoder) (ObjectRef, int64, error) {
+	defer os.Remove(job.seg.Path)
+	e, err := encodeFile(job.seg.Path, enc)
+	if err != nil {
+		return ObjectRef{}, 0, err
+	}
+	defer os.Remove(e.Path)
+	ref := job.ref
+	ref.Size, ref.SHA256, ref.Encoding = e.Size, e.SHA256, EncodingZstd
+	if err := r.uploadWithRetry(e.Path, ref.Key); err != nil {
+		return ObjectRef{}, 0, err
+	}
+	return ref, e.Raw, nil
 }
 
 func (r *Run) uploadWithRetry(path, key string) error {

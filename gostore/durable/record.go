@@ -40,8 +40,14 @@ type ObjectRef struct {
 	LastEpoch   int64  `json:"last_epoch"`
 	Seq         int64  `json:"seq"`
 	Rows        int64  `json:"rows"`
-	Size        int64  `json:"size"`
-	SHA256      string `json:"sha256"`
+	// Size and SHA256 describe the object as stored (compressed when
+	// Encoding says so): they are checked before it is decoded.
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+	// Encoding is how the stored bytes encode the object's SQLite file:
+	// EncodingZstd, or empty for the file as is (objects written before
+	// compression). The record's seal covers it like every field.
+	Encoding string `json:"encoding,omitempty"`
 }
 
 // CommitRecord names the state of a flow at a committed epoch.
@@ -75,9 +81,9 @@ type ExecutionRecord struct {
 	// records that differ, so a run that finds the record there can tell
 	// its own (a retried create whose first answer was lost) from the
 	// winner's.
-	Nonce string `json:"nonce,omitempty"`
-	Auth  string `json:"auth,omitempty"`
-	Checksum      string `json:"checksum"`
+	Nonce    string `json:"nonce,omitempty"`
+	Auth     string `json:"auth,omitempty"`
+	Checksum string `json:"checksum"`
 }
 
 // sortObjects puts objects in the order a restore applies them: compacted

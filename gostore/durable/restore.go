@@ -250,7 +250,7 @@ func (r *Run) rebuild(ctx context.Context, w int, store *localstore.Store, info 
 	}()
 	for i, o := range refs {
 		path := filepath.Join(tmp, fmt.Sprintf("%06d.sqlite", i))
-		if err := fetchVerified(ctx, r, o, path); err != nil {
+		if err := fetchObject(ctx, r.cfg.Backup, o, path); err != nil {
 			return r.objectHint(err)
 		}
 		f, err := openObject(ctx, o, path, r.cfg)
@@ -290,21 +290,6 @@ func (r *Run) objectHint(err error) error {
 			ErrObjectsLost, err, r.state.Commit.Epoch, commitKey(r.cfg.FlowID, r.state.Commit.Epoch), filepath.Join(r.cfg.LocalDir, r.cfg.FlowID))
 	}
 	return err
-}
-
-// fetchVerified downloads an object and checks its size and checksum.
-func fetchVerified(ctx context.Context, r *Run, o ObjectRef, path string) error {
-	if err := r.cfg.Backup.Download(ctx, o.Key, path); err != nil {
-		return backupFailed(err) // it names the object and the store
-	}
-	sum, size, err := fileSHA256(path)
-	if err != nil {
-		return err
-	}
-	if size != o.Size || sum != o.SHA256 {
-		return fmt.Errorf("%w: %s: expected %d bytes with sha256 %s, got %d bytes with %s", ErrCorrupt, o.Key, o.Size, o.SHA256, size, sum)
-	}
-	return nil
 }
 
 // openObject opens a downloaded object and checks that it belongs to the

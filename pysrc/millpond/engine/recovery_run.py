@@ -200,13 +200,20 @@ class RecoveryRun:
                     self.flow_id, self.execution, m["committed_epoch"],
                 )
             else:
+                epochs = max(1, m["committed_epoch"] - self.resume_epoch + 1)
+                raw = m["segment_raw_bytes"] + m["compacted_raw_bytes"]
                 logger.info(
                     "flow %r execution %d finished: committed epoch %d, %d segments (%d bytes) uploaded, "
+                    "%d bytes before compression; %d compacted objects (%d bytes, %d before compression); "
+                    "%d bytes uploaded in all, %d per epoch over %d epochs (%.1fx compression); "
                     "commit latency p50 %.3f s p99 %.3f s, %.3f s waiting on back-pressure; "
                     "background: %.3f s local writes, %.3f s local GC, %d compactions in %.3f s, "
                     "%d whole-state epochs kept as compacted state",
                     self.flow_id, self.execution, m["committed_epoch"], m["segments_uploaded"],
-                    m["bytes_uploaded"], m["commit_latency_p50"], m["commit_latency_p99"],
+                    m["segment_bytes"], m["segment_raw_bytes"], m["compacted_uploaded"],
+                    m["compacted_bytes"], m["compacted_raw_bytes"], m["bytes_uploaded"],
+                    m["bytes_uploaded"] // epochs, epochs, raw / max(1, m["bytes_uploaded"]),
+                    m["commit_latency_p50"], m["commit_latency_p99"],
                     m["backpressure_seconds"], m["local_write_seconds"], m["local_gc_seconds"],
                     m["compactions"], m["compaction_seconds"], m["whole_epochs"],
                 )
