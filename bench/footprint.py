@@ -16,7 +16,8 @@ It prints, after the run:
 - durable: every file under the backup directory;
 - local: the local stores (store.sqlite and its -wal/-shm) under the local
   state directory;
-- the ratios to live, and what the run uploaded (segments and compacted
+- the ratios to live (at the end, and the largest seen while the run
+  went, sampled every 50 ms), and what the run uploaded (segments and compacted
   objects, as stored) per epoch, from the run's finish line.
 
     .venv/bin/python bench/footprint.py                    # both sizes, defaults
@@ -32,6 +33,7 @@ import pickle
 import random
 import re
 import tempfile
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -93,6 +95,25 @@ def _local_store_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("store.sqlite*") if p.is_file())
 
 
+class _Peak(threading.Thread):
+    """The largest durable and local footprint seen while the run goes."""
+
+    def __init__(self, backup: Path, state: Path) -> None:
+        super().__init__(daemon=True)
+        self.backup, self.state = backup, state
+        self.durable = self.local = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.durable = max(self.durable, _tree_bytes(self.backup))
+                self.local = max(self.local, _local_store_bytes(self.state))
+            except FileNotFoundError:
+                pass  # a file went away while it was listed
+            self.stop.wait(0.05)
+
+
 class _FinishLine(logging.Handler):
     """Keeps the run's finish line (the bytes it uploaded)."""
 
@@ -121,35 +142,46 @@ def _uploaded(line: str) -> Dict[str, int]:
     return out
 
 
-def measure(size: int, keys: int, epochs: int, changed: float, retain: int | None) -> Dict[str, Any]:
+def measure(size: int, keys: int, epochs: int, changed: float, retain: int | None,
+            compact_min_bytes: int | None = None) -> Dict[str, Any]:
     batches, final = _batches(keys, epochs, size, changed)
     live = sum(len(k) + _pickled(v) for k, v in final.items())
     with tempfile.TemporaryDirectory(prefix="mp-footprint-") as tmp:
         root = Path(tmp)
         (root / "state").mkdir()
         kw: Dict[str, Any] = {} if retain is None else {"retain_epochs": retain}
+        if compact_min_bytes is not None:
+            kw["compact_min_bytes"] = compact_min_bytes
         cfg = RecoveryConfig(root / "state", backup=str(root / "backup"), **kw)
         handler = _FinishLine()
         log = logging.getLogger("millpond")
         log.addHandler(handler)
         old = log.level
         log.setLevel(logging.INFO)
+        peak = _Peak(root / "backup", root / "state")
+        peak.start()
         t0 = time.perf_counter()
         try:
             run_main(_flow(batches), epoch_interval=timedelta(0), recovery_config=cfg)
         finally:
+            peak.stop.set()
+            peak.join()
             log.removeHandler(handler)
             log.setLevel(old)
         seconds = time.perf_counter() - t0
         durable = _tree_bytes(root / "backup")
+        by_dir = {d.name: _tree_bytes(d) for d in sorted((root / "backup" / FLOW).iterdir())}
         local = _local_store_bytes(root / "state")
     up = _uploaded(handler.line)
     total_epochs = epochs + 1
     res: Dict[str, Any] = {
-        "state_bytes": size, "keys": keys, "epochs": total_epochs, "retain_epochs": retain or cfg.retain_epochs,
+        "state_bytes": size, "keys": keys, "epochs": total_epochs, "retain_epochs": cfg.retain_epochs,
+        "compact_min_bytes": cfg.compact_min_bytes,
         "live_bytes": live, "durable_bytes": durable, "local_bytes": local,
         "durable_ratio": round(durable / live, 2), "local_ratio": round(local / live, 2),
-        "seconds": round(seconds, 1), **up,
+        "peak_durable_ratio": round(max(peak.durable, durable) / live, 2),
+        "peak_local_ratio": round(max(peak.local, local) / live, 2),
+        "durable_by_dir": by_dir, "seconds": round(seconds, 1), **up,
     }
     if "segment_bytes" in up:
         res["segment_bytes_per_epoch"] = up["segment_bytes"] // total_epochs
@@ -167,16 +199,20 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=100, help="epochs of changes after the first")
     ap.add_argument("--changed", type=float, default=0.1, help="share of keys changed per epoch")
     ap.add_argument("--retain-epochs", type=int, default=None, help="default: RecoveryConfig's")
+    ap.add_argument("--compact-min-bytes", type=int, default=None, help="default: RecoveryConfig's")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     results = []
     for size in args.size or [20, 1000]:
-        r = measure(size, args.keys, args.epochs, args.changed, args.retain_epochs)
+        r = measure(size, args.keys, args.epochs, args.changed, args.retain_epochs, args.compact_min_bytes)
         results.append(r)
-        print(f"state ~{size} B, {r['keys']} keys, {r['epochs']} epochs, retain_epochs={r['retain_epochs']}: "
+        print(f"state ~{size} B, {r['keys']} keys, {r['epochs']} epochs, retain_epochs={r['retain_epochs']}, "
+              f"compact_min_bytes={r['compact_min_bytes']}: "
               f"live {r['live_bytes']:,} B; durable {r['durable_bytes']:,} B ({r['durable_ratio']}x); "
-              f"local {r['local_bytes']:,} B ({r['local_ratio']}x); {r['seconds']} s")
+              f"local {r['local_bytes']:,} B ({r['local_ratio']}x); "
+              f"peak while running: durable {r['peak_durable_ratio']}x, local {r['peak_local_ratio']}x; {r['seconds']} s")
         per = {k: v for k, v in r.items() if k.endswith("per_epoch")}
+        print(f"  durable by directory: {r['durable_by_dir']}")
         print(f"  uploaded: {per}  [{r['finish_line']}]")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

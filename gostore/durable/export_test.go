@@ -12,6 +12,17 @@ import (
 // CompactAt runs a compaction at epoch c now, for tests.
 func CompactAt(ctx context.Context, r *Run, c int64) error { return r.compact(ctx, c) }
 
+// StoredSize is the size of the file at path as the durable store keeps
+// an object: compressed, for tests.
+func StoredSize(path string) (int64, error) {
+	e, err := encodeFile(path, nil)
+	if err != nil {
+		return 0, err
+	}
+	os.Remove(e.Path)
+	return e.Size, nil
+}
+
 // Uncompress rewrites flow's durable data in the format written before
 // objects were compressed, for tests: every object a commit record names
 // is stored as its SQLite file under its key, and every record names its

@@ -172,7 +172,8 @@ func footprint(t *testing.T, h *harness) (int, int64) {
 	return n, b
 }
 
-// compactedSize is the size of one snapshot file holding the model state.
+// compactedSize is the size of one snapshot file holding the model state,
+// as the durable store keeps it (compressed).
 func compactedSize(t *testing.T, m model) int64 {
 	t.Helper()
 	ctx := context.Background()
@@ -194,9 +195,9 @@ func compactedSize(t *testing.T, m model) int64 {
 	_, err = f.Write(ctx, rows)
 	require.NoError(t, err)
 	require.NoError(t, f.Seal())
-	st, err := os.Stat(path)
+	size, err := durable.StoredSize(path)
 	require.NoError(t, err)
-	return st.Size()
+	return size
 }
 
 // In immediate mode one key can get several rows of one epoch in separate

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math/rand"
 	"os"
 	"path/filepath"
 	"sort"
@@ -71,9 +72,8 @@ func updatesGen(keys int, frac float64, del bool) gen {
 	return updatesGenPad(keys, frac, del, 0)
 }
 
-// updatesGenPad is updatesGen with pad more bytes in every value.
+// updatesGenPad is updatesGen with pad more (random) bytes in every value.
 func updatesGenPad(keys int, frac float64, del bool, pad int) gen {
-	padding := strings.Repeat("p", pad)
 	return func(e int64) []rowbatch.Row {
 		var rows []rowbatch.Row
 		n := keys
@@ -93,6 +93,10 @@ func updatesGenPad(keys int, frac float64, del bool, pad int) gen {
 				rows = append(rows, rowbatch.Row{StepID: step, Key: key, Deleted: true})
 				continue
 			}
+			// Random padding: objects are stored compressed, and a bound on
+			// their bytes means little if the values compress to nothing.
+			padding := make([]byte, pad)
+			rand.New(rand.NewSource(e<<20 | int64(k))).Read(padding)
 			rows = append(rows, rowbatch.Row{StepID: step, Key: key, Value: []byte(fmt.Sprintf("v%d-e%d-%s%s", k, e, strings.Repeat("x", k%13), padding))})
 		}
 		return rows
