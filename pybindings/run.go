@@ -180,7 +180,7 @@ func mp_run_metrics(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char
 		"segment_bytes": m.SegmentBytes, "segment_raw_bytes": m.SegmentRawBytes,
 		"compacted_uploaded": m.CompactedUploaded, "compacted_bytes": m.CompactedBytes,
 		"compacted_raw_bytes": m.CompactedRawBytes,
-		"upload_seconds": m.UploadSeconds, "backpressure_seconds": m.BackpressureSeconds,
+		"upload_seconds":      m.UploadSeconds, "backpressure_seconds": m.BackpressureSeconds,
 		"compactions": m.Compactions, "whole_epochs": m.WholeEpochs, "objects_deleted": m.ObjectsDeleted,
 		"local_write_seconds": m.LocalWriteSeconds, "local_gc_seconds": m.LocalGCSeconds, "compaction_seconds": m.CompactionSeconds,
 		"commit_latency_p50": durable.Percentile(m.CommitLatencies, 50),
