@@ -27,7 +27,8 @@
 // objects), maintain.go (the background round), compact.go and gc.go (its
 // two durable jobs), record.go, seal.go and state.go (commit and execution
 // records, their seal, and creating them), inspect.go (inspect and
-// verify), layout.go (object keys); for a flow run as several processes,
+// verify), layout.go (object keys), encoding.go (objects stored as zstd,
+// checked as stored before they are decoded); for a flow run as several processes,
 // cluster.go (the Cluster interface, the messages, the inbox reader),
 // agree.go (the agreement at start), leader.go and follower.go (the two
 // sides of commits, compactions and the end of a run).
