@@ -154,6 +154,11 @@ type Store struct {
 
 	// writeNanos is the time spent in writes, for metrics.
 	writeNanos atomic.Int64
+
+	// filter knows which keys the store may hold (keyfilter.go);
+	// filterDone closes when its background fill has stopped.
+	filter     *keyFilter
+	filterDone chan struct{}
 }
 
 // Open opens (or creates) the worker's store, taking its lock. With
@@ -249,9 +254,11 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 		f.Close()
 		return nil, damaged(wdir, path, fmt.Errorf("open local store: %w", err))
 	}
-	st := &Store{cfg: cfg, file: f, kick: make(chan struct{}, 1), quit: make(chan struct{}), ckptDone: make(chan struct{})}
+	st := &Store{cfg: cfg, file: f, kick: make(chan struct{}, 1), quit: make(chan struct{}), ckptDone: make(chan struct{}),
+		filter: newKeyFilter(), filterDone: make(chan struct{})}
 	st.idle = sync.NewCond(&st.asyncMu)
 	go st.runCheckpoints()
+	go st.fillFilter(context.Background())
 	return st, nil
 }
 
@@ -380,6 +387,7 @@ var errClosed = errors.New("local store is closed")
 // segments) and then marks the store as holding every epoch up to
 // through.
 func (s *Store) Restore(ctx context.Context, rows []rowbatch.Row) (int, error) {
+	s.filter.addRows(rows)
 	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -412,6 +420,9 @@ func (s *Store) MarkRebuilt(ctx context.Context, epoch int64) error {
 
 // Get returns the newest row of (step, key); see snapfile.File.Get.
 func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, error) {
+	if !s.filter.mayHold(step, key) {
+		return rowbatch.Row{}, false, nil
+	}
 	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -425,6 +436,9 @@ func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, 
 // GetManyPacked returns the newest rows of many keys of a step, packed;
 // see snapfile.File.GetManyPacked.
 func (s *Store) GetManyPacked(ctx context.Context, step string, keys []string) ([]byte, error) {
+	if keys = s.filter.filterKeys(step, keys); len(keys) == 0 {
+		return []byte{0}, nil // a packed page of no entries
+	}
 	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -605,6 +619,7 @@ func (s *Store) Close() error {
 	if s.quit != nil {
 		close(s.quit)
 		<-s.ckptDone
+		<-s.filterDone
 		s.quit = nil
 	}
 	s.mu.Lock()

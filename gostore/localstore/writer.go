@@ -28,6 +28,7 @@ type asyncBatch struct {
 // reports: see WriteAsync). Write takes over b and releases it.
 func (s *Store) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
 	defer b.Release()
+	s.filter.addRows(b.Rows)
 	if err := s.Flush(); err != nil {
 		return 0, err
 	}
@@ -53,6 +54,9 @@ func (s *Store) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
 // caller must make sure it gets a path or is closed (reads and Flush wait
 // for it too). Pass nil otherwise.
 func (s *Store) WriteAsync(b rowbatch.Batch, staged <-chan string) error {
+	// Before the batch is queued: a read that the filter lets through
+	// then waits for it.
+	s.filter.addRows(b.Rows)
 	return s.enqueue(asyncBatch{batch: b, staged: staged})
 }
 

@@ -1,0 +1,197 @@
+package localstore
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+
+	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/snapfile"
+)
+
+// The key filter: a Bloom filter of every (step, key) the store may hold a
+// row of, so that a read of a key it never held (a new key of a resumed
+// or memory-bounded flow: most keys a flow touches, early on) answers "not
+// found" without waiting for queued writes, taking the lock or reading a
+// page. Every write adds its keys before it is queued, so a key the filter
+// has never seen has no row and no row on its way; rows dropped since
+// (GC, rollback) only leave false positives, which cost the read the
+// filter spares. A store opened over an existing file answers "maybe" for
+// every key until a background scan has added the file's keys.
+
+// filterBitsPerKey and filterHashes give about 1% false positives per
+// part of the filter.
+const (
+	filterBitsPerKey = 10
+	filterHashes     = 7
+	// filterFirstKeys sizes the first part; each later one is twice the
+	// one before, so a filter of n keys has about log2(n/64k) parts.
+	filterFirstKeys = 1 << 16
+)
+
+// keyFilter is a scalable Bloom filter over (step, key).
+type keyFilter struct {
+	seed  maphash.Seed
+	mu    sync.RWMutex
+	parts []*bloomPart
+	// ready is set once every key of the file the store opened is in the
+	// filter; until then mayHold says yes to everything.
+	ready atomic.Bool
+	// skipped counts reads the filter answered alone.
+	skipped atomic.Int64
+}
+
+// bloomPart is one fixed-size Bloom filter of the chain.
+type bloomPart struct {
+	bits     []uint64
+	capacity int
+	count    int
+}
+
+func newKeyFilter() *keyFilter {
+	f := &keyFilter{seed: maphash.MakeSeed()}
+	f.parts = []*bloomPart{newBloomPart(filterFirstKeys)}
+	return f
+}
+
+func newBloomPart(capacity int) *bloomPart {
+	words := (capacity*filterBitsPerKey + 63) / 64
+	return &bloomPart{bits: make([]uint64, words), capacity: capacity}
+}
+
+// hash returns the two hashes the filter's probes are derived from.
+func (f *keyFilter) hash(step, key string) (uint64, uint64) {
+	var h maphash.Hash
+	h.SetSeed(f.seed)
+	h.WriteString(step)
+	h.WriteByte(0)
+	h.WriteString(key)
+	a := h.Sum64()
+	// The second hash: a different mix of the same bits (double hashing
+	// needs it odd, so every probe of a part is distinct).
+	b := (a>>33 ^ a*0x9e3779b97f4a7c15) | 1
+	return a, b
+}
+
+func (p *bloomPart) add(a, b uint64) {
+	n := uint64(len(p.bits) * 64)
+	for i := uint64(0); i < filterHashes; i++ {
+		bit := (a + i*b) % n
+		p.bits[bit/64] |= 1 << (bit % 64)
+	}
+	p.count++
+}
+
+func (p *bloomPart) has(a, b uint64) bool {
+	n := uint64(len(p.bits) * 64)
+	for i := uint64(0); i < filterHashes; i++ {
+		bit := (a + i*b) % n
+		if p.bits[bit/64]&(1<<(bit%64)) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// addRows adds the keys of rows.
+func (f *keyFilter) addRows(rows []rowbatch.Row) {
+	if len(rows) == 0 {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range rows {
+		f.addLocked(rows[i].StepID, rows[i].Key)
+	}
+}
+
+func (f *keyFilter) addLocked(step, key string) {
+	a, b := f.hash(step, key)
+	last := f.parts[len(f.parts)-1]
+	if last.count >= last.capacity {
+		last = newBloomPart(last.capacity * 2)
+		f.parts = append(f.parts, last)
+	}
+	last.add(a, b)
+}
+
+// mayHold reports whether the store may hold a row of (step, key).
+func (f *keyFilter) mayHold(step, key string) bool {
+	if !f.ready.Load() {
+		return true
+	}
+	a, b := f.hash(step, key)
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for _, p := range f.parts {
+		if p.has(a, b) {
+			return true
+		}
+	}
+	f.skipped.Add(1)
+	return false
+}
+
+// filterKeys returns the keys of step the store may hold rows of.
+func (f *keyFilter) filterKeys(step string, keys []string) []string {
+	if !f.ready.Load() {
+		return keys
+	}
+	var out []string
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	skipped := int64(0)
+	for _, k := range keys {
+		a, b := f.hash(step, k)
+		found := false
+		for _, p := range f.parts {
+			if p.has(a, b) {
+				found = true
+				break
+			}
+		}
+		if found {
+			out = append(out, k)
+		} else {
+			skipped++
+		}
+	}
+	f.skipped.Add(skipped)
+	return out
+}
+
+// fillFilter adds every key of the store's file to the filter, a page at
+// a time, then marks it ready; it stops early (leaving the filter not
+// ready: every key "maybe") if the store closes or a read fails. Keys
+// written meanwhile are added by their writes, so pages need not wait for
+// queued writes.
+func (s *Store) fillFilter(ctx context.Context) {
+	defer close(s.filterDone)
+	// Deletions too: Get returns a key's deletion row, filter or not.
+	opts := snapfile.ScanOptions{ChunkRows: 8192, IncludeDeleted: true}
+	var cur snapfile.Cursor
+	for {
+		select {
+		case <-s.quit:
+			return
+		default:
+		}
+		rows, next, done, err := s.ScanPageFlushed(ctx, opts, cur)
+		if err != nil {
+			return // every key stays "maybe": reads go to the store
+		}
+		s.filter.addRows(rows)
+		if done {
+			s.filter.ready.Store(true)
+			return
+		}
+		cur = next
+	}
+}
+
+// FilterStats reports how many reads the key filter answered without the
+// store, and whether it covers the whole store yet.
+func (s *Store) FilterStats() (skipped int64, ready bool) {
+	return s.filter.skipped.Load(), s.filter.ready.Load()
+}

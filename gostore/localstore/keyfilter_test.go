@@ -1,0 +1,160 @@
+package localstore
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/rowbatch"
+)
+
+// waitFilter waits until the store's key filter covers its file.
+func waitFilter(t *testing.T, s *Store) {
+	t.Helper()
+	require.Eventually(t, func() bool { _, ready := s.FilterStats(); return ready }, 10*time.Second, time.Millisecond)
+}
+
+// view is what Get and GetManyPacked return for key k: "" when not found,
+// "-" for a deletion, the value otherwise.
+func viewOf(t *testing.T, s *Store, k string) (string, string) {
+	t.Helper()
+	ctx := context.Background()
+	r, found, err := s.Get(ctx, "wc.count", k)
+	require.NoError(t, err)
+	one := ""
+	if found {
+		one = "-"
+		if !r.Deleted {
+			one = string(r.Value)
+		}
+	}
+	packed, err := s.GetManyPacked(ctx, "wc.count", []string{k})
+	require.NoError(t, err)
+	many := ""
+	if len(packed) > 1 {
+		many = "(found)"
+	}
+	return one, many
+}
+
+// A key the store holds (a value or a deletion, written in place, queued,
+// or in the file it opened) is never hidden by the filter: every read
+// agrees with a model of the newest row per key, before, during and after
+// the filter's fill.
+func TestKeyFilterNeverHidesAKeyTheStoreHolds(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	rng := rand.New(rand.NewPCG(7, 11))
+	model := map[string]string{}
+	check := func(s *Store, round int) {
+		for i := 0; i < 400; i++ {
+			k := fmt.Sprintf("k%04d", rng.IntN(3000)) // most never written
+			one, many := viewOf(t, s, k)
+			want, ok := model[k]
+			switch {
+			case !ok:
+				assert.Equal(t, "", one, "round %d key %s", round, k)
+				assert.Equal(t, "", many, "round %d key %s", round, k)
+			case want == "-":
+				assert.Equal(t, "-", one, "round %d key %s", round, k)
+			default:
+				assert.Equal(t, want, one, "round %d key %s", round, k)
+				assert.Equal(t, "(found)", many, "round %d key %s", round, k)
+			}
+		}
+	}
+	for round := 0; round < 4; round++ {
+		s, err := Open(ctx, cfg(dir), 0)
+		require.NoError(t, err)
+		check(s, round) // the fill may still run: reads go to the store
+		waitFilter(t, s)
+		check(s, round)
+		for e := 1; e <= 5; e++ {
+			epoch := int64(round*10 + e)
+			var rows []rowbatch.Row
+			for i := 0; i < 50; i++ {
+				k := fmt.Sprintf("k%04d", rng.IntN(1000))
+				if rng.IntN(5) == 0 {
+					rows = append(rows, rowbatch.Row{StepID: "wc.count", Key: k, Deleted: true})
+					model[k] = "-"
+				} else {
+					v := fmt.Sprintf("v%d.%d", epoch, i)
+					rows = append(rows, put(k, v))
+					model[k] = v
+				}
+			}
+			rows = dedupeLast(rows)
+			b := rowbatch.NewBatch(epoch, rows, false)
+			if e%2 == 0 {
+				_, err = s.Write(ctx, b)
+				require.NoError(t, err)
+			} else {
+				require.NoError(t, s.WriteAsync(b, nil)) // read at once, while queued
+			}
+			check(s, round)
+		}
+		require.NoError(t, s.Close())
+	}
+}
+
+// dedupeLast keeps the last row of each key (a batch holds a key once).
+func dedupeLast(rows []rowbatch.Row) []rowbatch.Row {
+	last := map[string]int{}
+	for i, r := range rows {
+		last[r.Key] = i
+	}
+	var out []rowbatch.Row
+	for i, r := range rows {
+		if last[r.Key] == i {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Once the filter covers the store, reads of keys it never held are
+// answered without it, at a false-positive rate of about 1% however many
+// keys it grew to hold.
+func TestKeyFilterAnswersReadsOfNewKeysAlone(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name string
+		keys int
+	}{
+		{"first part only", 1000},
+		{"grown past several parts", 300_000},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := Open(ctx, cfg(t.TempDir()), 0)
+			require.NoError(t, err)
+			defer s.Close()
+			rows := make([]rowbatch.Row, c.keys)
+			for i := range rows {
+				rows[i] = put(fmt.Sprintf("held-%07d", i), "v")
+			}
+			_, err = s.Write(ctx, rowbatch.NewBatch(1, rows, false))
+			require.NoError(t, err)
+			waitFilter(t, s)
+			before, _ := s.FilterStats()
+			asked := make([]string, 10_000)
+			for i := range asked {
+				asked[i] = fmt.Sprintf("new-%07d", i)
+			}
+			packed, err := s.GetManyPacked(ctx, "wc.count", asked)
+			require.NoError(t, err)
+			assert.Equal(t, []byte{0}, packed)
+			after, _ := s.FilterStats()
+			assert.Greater(t, after-before, int64(len(asked)*97/100), "false positives over 3%")
+			// Every held key still reads.
+			packed, err = s.GetManyPacked(ctx, "wc.count", []string{"held-0000000", fmt.Sprintf("held-%07d", c.keys-1)})
+			require.NoError(t, err)
+			assert.Greater(t, len(packed), 1)
+		})
+	}
+}
