@@ -32,6 +32,10 @@ type fakeNet struct {
 	err   error
 	// drop, when set, loses the messages it returns true for.
 	drop func(from, to int, m map[string]any) bool
+	// late, when set, is how long Send takes to return after it
+	// delivered a message (a transport whose send returns after the
+	// peer already answered).
+	late func(from, to int, m map[string]any) time.Duration
 }
 
 func newFakeNet(n int) *fakeNet {
@@ -74,6 +78,18 @@ type fakeNode struct {
 	index int
 }
 
+// lateness is how long a send of payload to `to` returns late.
+func (n *fakeNode) lateness(to int, payload []byte) time.Duration {
+	n.net.mu.Lock()
+	late := n.net.late
+	n.net.mu.Unlock()
+	var m map[string]any
+	if late == nil || json.Unmarshal(payload, &m) != nil {
+		return 0
+	}
+	return late(n.index, to, m)
+}
+
 func (n *fakeNode) Index() int { return n.index }
 func (n *fakeNode) Count() int { return len(n.net.boxes) }
 func (n *fakeNode) Err() error {
@@ -84,6 +100,9 @@ func (n *fakeNode) Err() error {
 func (n *fakeNode) Inbox() <-chan durable.ClusterMessage { return n.net.boxes[n.index] }
 
 func (n *fakeNode) Send(to int, payload []byte) error {
+	if wait := n.lateness(to, payload); wait > 0 {
+		defer time.Sleep(wait) // after the delivery below
+	}
 	f := n.net
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -438,6 +457,30 @@ func TestClusterCommitsEveryProcessesSegments(t *testing.T) {
 			requireModel(t, h.hist.at[9], readBack(t, h.bk, h.kgc))
 		})
 	}
+}
+
+// A follower's report of an epoch can be answered (the leader commits it
+// and sends the record) before the follower's send of the report has
+// returned; the record is applied, not refused as one of an epoch never
+// reported, and the run finishes with every epoch committed.
+func TestClusterRecordArrivingBeforeTheReportSendReturns(t *testing.T) {
+	h := newClusterHarness(t)
+	g := updatesGen(60, 0.5, false)
+	procs, net := h.start(3, 1, false)
+	net.mu.Lock()
+	net.late = func(from, to int, m map[string]any) time.Duration {
+		if from != 0 && m["type"] == "uploaded" {
+			return 40 * time.Millisecond
+		}
+		return 0
+	}
+	net.mu.Unlock()
+	h.mustEpochs(procs, 1, 6, g)
+	h.finish(procs)
+	for p, pr := range procs {
+		assert.Equal(t, int64(6), pr.run.Committed(), "process %d", p)
+	}
+	requireModel(t, h.hist.at[6], readBack(t, h.bk, h.kgc))
 }
 
 // Full resumes across process and worker counts rebuild each worker's key

@@ -35,16 +35,17 @@ func (r *Run) reportUploads() {
 			Type: msgUploaded, Epoch: e, Objects: append([]ObjectRef(nil), es.objects...),
 			Whole: marked(es.whole, r.cfg.FirstWorker, r.cfg.Workers), Bare: marked(es.bare, r.cfg.FirstWorker, r.cfg.Workers),
 		}
+		// Counted as reported before it is sent: the leader's record of
+		// e can arrive (and be applied) before the send returns. A send
+		// that fails fails the run, which then commits nothing more.
+		r.sent = e
+		es.sentAt = time.Now()
+		r.cond.Broadcast()
 		r.mu.Unlock()
 		if err := r.send(0, m); err != nil {
 			r.fail(err)
 			return
 		}
-		r.mu.Lock()
-		r.sent = e
-		es.sentAt = time.Now()
-		r.cond.Broadcast()
-		r.mu.Unlock()
 	}
 }
 
@@ -213,7 +214,13 @@ func (r *Run) finishFollower(aborted bool) error {
 	err := r.err
 	r.mu.Unlock()
 	if err == nil {
-		if err := r.send(0, clusterMsg{Type: msgFinish, Epoch: target}); err != nil {
+		// After the report of target is out: reportUploads counts an
+		// epoch reported before its send returns, and holds commitMu
+		// until it does.
+		r.commitMu.Lock()
+		err = r.send(0, clusterMsg{Type: msgFinish, Epoch: target})
+		r.commitMu.Unlock()
+		if err != nil {
 			r.fail(err)
 		}
 	}
