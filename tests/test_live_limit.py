@@ -57,23 +57,29 @@ def test_eviction_writes_changed_keys_at_the_current_epoch_and_drops_clean_ones(
         for i in range(20):
             s.get_or_build(STEP, f"k{i:02d}").v = i
         assert s.snapshot(1) == 20
-        # All clean: eviction writes nothing, down to 90% of the limit.
-        assert s.evict(2) == 11
-        assert s.evictable_count() == 9
+        # All clean: eviction writes nothing, down to 80% of the limit.
+        assert s.evict(2) == 12
+        assert s.evictable_count() == 8
         assert s.live_stats.spilled == 0
         # The oldest went first; the newest stayed.
         assert s.peek(STEP, "k19") is not None
-        # Change two live keys and make new ones: the changed ones that are
-        # evicted are written first (at epoch 2).
+        # k11 (evicted) comes back from the last batch, without a read.
         s.get(STEP, "k11").v = 111
+        assert s.live_stats.victims_back == 1
+        # Change it and a live key, make new ones: the least recently used
+        # go, and a changed one among them is written first (at epoch 2).
         s.get(STEP, "k12").v = 112
         for i in range(20, 25):
             s.get_or_build(STEP, f"k{i:02d}").v = i
-        assert s.evict(2) == 5
-        assert s.live_stats.spilled == 2
-        # Evicted keys come back with their latest value.
-        assert s.get(STEP, "k11").v == 111
+        assert s.evict(2) == 6  # k12..k17
+        assert s.live_stats.spilled == 1
+        assert s.peek(STEP, "k11") is not None
+        # Evicted keys come back with their latest value: those of the
+        # last batch from memory, older ones from the store.
+        assert s.get(STEP, "k12").v == 112
+        assert s.live_stats.victims_back == 2
         assert s.get(STEP, "k00").v == 0
+        assert s.live_stats.victims_back == 2
     # Epoch 2 never committed: a resume at epoch 2 rolls the spilled rows back.
     with _store(tmp_path, None, resume_epoch=2) as s:
         assert s.get(STEP, "k11").v == 11

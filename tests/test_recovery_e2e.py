@@ -326,20 +326,12 @@ def test_resumed_end_of_input_runs_on_eof_for_every_stored_key(tmp_path, monkeyp
         assert set(bulk) == {"totals.inp"}
 
 
-def test_a_builder_failing_on_a_stored_key_is_named_at_resume(tmp_path, live_key_limit):
+def test_a_builder_failing_on_a_stored_key_is_named_at_resume(tmp_path):
     from millpond.errors import DataflowError
 
     (tmp_path / "state").mkdir()
     cfg = RecoveryConfig(tmp_path / "state")
     out: List[Any] = []
-    if live_key_limit is not None and live_key_limit < 2:
-        # Evicted, the key is rebuilt from its snapshot in the same run
-        # (at the end of input): the failure is named there already.
-        with pytest.raises(DataflowError, match="key 'bad' in builder") as info:
-            cluster_main(_total_flow([("good", 1), ("bad", -1)], out), [], 0, epoch_interval=ZERO,
-                         recovery_config=cfg)
-        assert isinstance(info.value.__cause__, ValueError)
-        return
     cluster_main(_total_flow([("good", 1), ("bad", -1)], out), [], 0, epoch_interval=ZERO, recovery_config=cfg)
     with pytest.raises(DataflowError, match="bad") as info:
         cluster_main(_total_flow([("good", 1)], out), [], 0, epoch_interval=ZERO, recovery_config=cfg)

@@ -10,6 +10,12 @@ import (
 	"github.com/millpond/millpond/gostore/snapfile"
 )
 
+// The pending filter, a second one, holds the keys of the batches queued
+// for the writer (reset whenever the queue is empty): a read of keys none
+// of which is on its way need not wait for the queue to drain, only for
+// the batch being written (the store's lock). A queued whole batch (a new
+// generation) makes every read wait, as it changes what every key reads.
+//
 // The key filter: a Bloom filter of every (step, key) the store may hold a
 // row of, so that a read of a key it never held (a new key of a resumed
 // or memory-bounded flow: most keys a flow touches, early on) answers "not
@@ -49,8 +55,8 @@ type bloomPart struct {
 	count    int
 }
 
-func newKeyFilter() *keyFilter {
-	f := &keyFilter{seed: maphash.MakeSeed()}
+func newKeyFilter(seed maphash.Seed) *keyFilter {
+	f := &keyFilter{seed: seed}
 	f.parts = []*bloomPart{newBloomPart(filterFirstKeys)}
 	return f
 }
@@ -94,20 +100,53 @@ func (p *bloomPart) has(a, b uint64) bool {
 	return true
 }
 
-// addRows adds the keys of rows.
-func (f *keyFilter) addRows(rows []rowbatch.Row) {
+// addRows adds the keys of rows, to pending too if it is not nil (the
+// rows are on their way to the file: see pendingFilter).
+func (f *keyFilter) addRows(rows []rowbatch.Row, pending *keyFilter) {
 	if len(rows) == 0 {
 		return
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if pending != nil {
+		pending.mu.Lock()
+		defer pending.mu.Unlock()
+	}
 	for i := range rows {
-		f.addLocked(rows[i].StepID, rows[i].Key)
+		a, b := f.hash(rows[i].StepID, rows[i].Key)
+		f.addLocked(a, b)
+		if pending != nil {
+			pending.addLocked(a, b)
+		}
 	}
 }
 
-func (f *keyFilter) addLocked(step, key string) {
-	a, b := f.hash(step, key)
+// reset forgets every key (the pending filter, once nothing is queued).
+func (f *keyFilter) reset() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.parts) == 1 && f.parts[0].count == 0 {
+		return
+	}
+	f.parts = []*bloomPart{newBloomPart(filterFirstKeys)}
+}
+
+// anyMayHold reports whether any of keys of step may be in the filter.
+func (f *keyFilter) anyMayHold(step string, keys []string) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	for _, k := range keys {
+		a, b := f.hash(step, k)
+		for _, p := range f.parts {
+			if p.has(a, b) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func (f *keyFilter) addLocked(a, b uint64) {
 	last := f.parts[len(f.parts)-1]
 	if last.count >= last.capacity {
 		last = newBloomPart(last.capacity * 2)
@@ -181,7 +220,7 @@ func (s *Store) fillFilter(ctx context.Context) {
 		if err != nil {
 			return // every key stays "maybe": reads go to the store
 		}
-		s.filter.addRows(rows)
+		s.filter.addRows(rows, nil)
 		if done {
 			s.filter.ready.Store(true)
 			return

@@ -158,3 +158,38 @@ func TestKeyFilterAnswersReadsOfNewKeysAlone(t *testing.T) {
 		})
 	}
 }
+
+// A read of keys that no queued batch holds does not wait for the queue;
+// a read of a key a queued batch holds waits for it and sees it.
+func TestReadsWaitOnlyForQueuedBatchesThatHoldTheirKeys(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Write(ctx, rowbatch.NewBatch(1, []rowbatch.Row{put("old", "1")}, false))
+	require.NoError(t, err)
+	waitFilter(t, s)
+	// A queue the writer needs a while for.
+	for e := int64(2); e <= 6; e++ {
+		rows := make([]rowbatch.Row, 100_000)
+		for i := range rows {
+			rows[i] = put(fmt.Sprintf("big-%07d", i), fmt.Sprintf("v%d", e))
+		}
+		require.NoError(t, s.WriteAsync(rowbatch.NewBatch(e, rows, false), nil))
+	}
+	packed, err := s.GetManyPacked(ctx, "wc.count", []string{"old"})
+	require.NoError(t, err)
+	assert.Greater(t, len(packed), 1)
+	s.asyncMu.Lock()
+	queued := s.pending
+	s.asyncMu.Unlock()
+	assert.Positive(t, queued, "the read of a key no queued batch holds waited for the queue")
+	r, found, err := s.Get(ctx, "wc.count", "big-0000007")
+	require.NoError(t, err)
+	require.True(t, found)
+	assert.Equal(t, "v6", string(r.Value))
+	s.asyncMu.Lock()
+	queued = s.pending
+	s.asyncMu.Unlock()
+	assert.Zero(t, queued)
+}

@@ -18,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"os"
 	"path/filepath"
 	"strings"
@@ -155,10 +156,14 @@ type Store struct {
 	// writeNanos is the time spent in writes, for metrics.
 	writeNanos atomic.Int64
 
-	// filter knows which keys the store may hold (keyfilter.go);
-	// filterDone closes when its background fill has stopped.
-	filter     *keyFilter
-	filterDone chan struct{}
+	// filter knows which keys the store may hold, queued which are in
+	// queued batches (keyfilter.go; under asyncMu); filterDone closes
+	// when the filter's background fill has stopped. queuedWhole counts
+	// queued whole batches (under asyncMu).
+	filter       *keyFilter
+	queued       *keyFilter
+	queuedWhole  int
+	filterDone   chan struct{}
 }
 
 // Open opens (or creates) the worker's store, taking its lock. With
@@ -255,7 +260,10 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 		return nil, damaged(wdir, path, fmt.Errorf("open local store: %w", err))
 	}
 	st := &Store{cfg: cfg, file: f, kick: make(chan struct{}, 1), quit: make(chan struct{}), ckptDone: make(chan struct{}),
-		filter: newKeyFilter(), filterDone: make(chan struct{})}
+		filterDone: make(chan struct{})}
+	seed := maphash.MakeSeed()
+	st.filter, st.queued = newKeyFilter(seed), newKeyFilter(seed)
+	st.queued.ready.Store(true)
 	st.idle = sync.NewCond(&st.asyncMu)
 	go st.runCheckpoints()
 	go st.fillFilter(context.Background())
@@ -387,7 +395,7 @@ var errClosed = errors.New("local store is closed")
 // segments) and then marks the store as holding every epoch up to
 // through.
 func (s *Store) Restore(ctx context.Context, rows []rowbatch.Row) (int, error) {
-	s.filter.addRows(rows)
+	s.filter.addRows(rows, nil)
 	s.waitIdle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -423,7 +431,7 @@ func (s *Store) Get(ctx context.Context, step, key string) (rowbatch.Row, bool, 
 	if !s.filter.mayHold(step, key) {
 		return rowbatch.Row{}, false, nil
 	}
-	s.waitIdle()
+	s.waitFor(step, []string{key})
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -439,7 +447,7 @@ func (s *Store) GetManyPacked(ctx context.Context, step string, keys []string) (
 	if keys = s.filter.filterKeys(step, keys); len(keys) == 0 {
 		return []byte{0}, nil // a packed page of no entries
 	}
-	s.waitIdle()
+	s.waitFor(step, keys)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {

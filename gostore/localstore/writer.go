@@ -28,7 +28,7 @@ type asyncBatch struct {
 // reports: see WriteAsync). Write takes over b and releases it.
 func (s *Store) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
 	defer b.Release()
-	s.filter.addRows(b.Rows)
+	s.filter.addRows(b.Rows, nil)
 	if err := s.Flush(); err != nil {
 		return 0, err
 	}
@@ -55,8 +55,8 @@ func (s *Store) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
 // for it too). Pass nil otherwise.
 func (s *Store) WriteAsync(b rowbatch.Batch, staged <-chan string) error {
 	// Before the batch is queued: a read that the filter lets through
-	// then waits for it.
-	s.filter.addRows(b.Rows)
+	// then waits for it (enqueue marks its keys queued).
+	s.filter.addRows(b.Rows, nil)
 	return s.enqueue(asyncBatch{batch: b, staged: staged})
 }
 
@@ -110,6 +110,14 @@ func (s *Store) enqueue(b asyncBatch) error {
 		return err
 	}
 	ch := s.async
+	// In one step with counting it: the writer empties the queued filter
+	// when the count drops to zero.
+	if !b.commit {
+		s.queued.addRows(b.batch.Rows, nil)
+		if b.batch.Whole {
+			s.queuedWhole++
+		}
+	}
 	s.pending++
 	s.asyncMu.Unlock()
 	ch <- b
@@ -149,7 +157,11 @@ func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
 			s.asyncErr = s.check(fmt.Errorf("background write of epoch %d: %w", b.batch.Epoch, err))
 		}
 		s.pending--
+		if b.batch.Whole && !b.commit {
+			s.queuedWhole--
+		}
 		if s.pending == 0 {
+			s.queued.reset()
 			s.idle.Broadcast()
 		}
 		s.asyncMu.Unlock()
@@ -205,6 +217,17 @@ func (s *Store) writeWhole(ctx context.Context, epoch int64, rows []rowbatch.Row
 		return 0, errClosed
 	}
 	return s.startGeneration(ctx, epoch, rows)
+}
+
+// waitFor waits until no queued write can hold a row of step's keys (a
+// queued whole batch holds every key): reads of those keys then see every
+// write made before them.
+func (s *Store) waitFor(step string, keys []string) {
+	s.asyncMu.Lock()
+	for s.pending > 0 && (s.queuedWhole > 0 || s.queued.anyMayHold(step, keys)) {
+		s.idle.Wait()
+	}
+	s.asyncMu.Unlock()
 }
 
 func (s *Store) waitIdle() {

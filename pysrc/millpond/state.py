@@ -168,6 +168,13 @@ class _LiveState:
         # path must not look them up again (valid until the next eviction
         # writes keys to the store).
         self._absent: dict[str, set[str]] = {}
+        # The objects of the last eviction batch, per step, until the next
+        # one: a key touched again soon after it was evicted comes back
+        # from here, not from the store (where its row may still be on its
+        # way).
+        self._victims: dict[str, dict[str, Any]] = {}
+        #: Counters of the live set: see :class:`LiveStats`.
+        self.live_stats = LiveStats()
         # Steps whose objects a live-key limit counts and evicts.
         self._evictable: set[str] = set()
         self._closed = False
@@ -265,6 +272,8 @@ class _LiveState:
         self._check_key(step_id, key)
         if obj is None:
             raise TypeError(f"state of step {step_id!r} key {key!r} is None; use discard() to drop a key")
+        if self._victims:
+            self._drop_victim(step_id, key)
         live[key] = obj
         self._deleted[step_id].discard(key)
         self._dirty[step_id][key] = None
@@ -277,6 +286,8 @@ class _LiveState:
             raise self._unknown_step(step_id) from None
         self._check_key(step_id, key)
         live.pop(key, None)
+        if self._victims:
+            self._drop_victim(step_id, key)
         self._deleted[step_id].add(key)
         self._dirty[step_id][key] = None
 
@@ -293,6 +304,11 @@ class _LiveState:
     def live_count(self) -> int:
         """Return how many state objects are live in memory."""
         return sum(len(v) for v in self._live.values())
+
+    def _drop_victim(self, step_id: str, key: str) -> None:
+        victims = self._victims.get(step_id)
+        if victims:
+            victims.pop(key, None)
 
     def evictable_count(self) -> int:
         """Return how many live objects count against a live-key limit."""
@@ -341,6 +357,7 @@ class _LiveState:
     def close(self) -> None:
         """Drop all live state. Closing twice is a no-op."""
         self._closed = True
+        self._victims = {}
         self._live = {}
         self._dirty = {}
         self._deleted = {}
@@ -358,6 +375,13 @@ class _LiveState:
         self._check_key(step_id, key)
         if step_id not in self._maybe_stored or key in self._deleted[step_id]:
             return None
+        victims = self._victims.get(step_id)
+        if victims:
+            obj = victims.pop(key, _MISSING)
+            if obj is not _MISSING:
+                self._live[step_id][key] = obj
+                self.live_stats.victims_back += 1
+                return obj
         absent = self._absent.get(step_id)
         if absent is not None and key in absent:
             return None
@@ -473,6 +497,9 @@ class LiveStats:
     hydrate_calls: int = 0
     #: Keys looked up one at a time (outside a prefetch).
     single_gets: int = 0
+    #: Evicted keys touched again before the next eviction: back from
+    #: memory, without a read.
+    victims_back: int = 0
 
 
 class StateStore(_LiveState):
@@ -509,8 +536,6 @@ class StateStore(_LiveState):
         #: epoch spares a compaction that would rewrite all of it.
         self.whole_from: Optional[float] = None
         self._max_live: Optional[int] = None
-        #: Counters of the live set: see :class:`LiveStats`.
-        self.live_stats = LiveStats()
 
     @classmethod
     def open(
@@ -607,6 +632,19 @@ class StateStore(_LiveState):
         deleted = self._deleted[step_id]
         if deleted:
             missing = [key for key in missing if key not in deleted]
+        victims = self._victims.get(step_id)
+        if victims:
+            still: list[str] = []
+            for key in missing:
+                obj = victims.pop(key, _MISSING)
+                if obj is _MISSING:
+                    still.append(key)
+                else:
+                    live[key] = obj
+            self.live_stats.victims_back += len(missing) - len(still)
+            if not still:
+                return 0
+            missing = still
         from millpond import _core
         try:
             built = int(_core.store_hydrate_keys(
@@ -628,9 +666,11 @@ class StateStore(_LiveState):
         """Over the live-key limit, drop the least recently used objects;
         return how many went.
 
-        Eviction runs in batches: from over the limit down to 90% of it
+        Eviction runs in batches: from over the limit down to 80% of it
         (at least one below it), so the next new keys do not each cost an
-        eviction. Objects changed
+        eviction. The objects of the batch stay reachable until the next
+        eviction (so live and just-evicted objects together stay within
+        the limit): a key touched again soon comes back without a read. Objects changed
         since their last snapshot are written first, at ``epoch`` (the epoch
         in progress: like any row of an epoch that never commits, they are
         rolled back if it does not). Committed state is the same whichever
@@ -642,7 +682,7 @@ class StateStore(_LiveState):
         total = self.evictable_count()
         if total <= limit:
             return 0
-        excess = total - (limit - max(1, limit // 10))
+        excess = total - (limit - max(1, limit // 5))
         victims: dict[str, list[str]] = {}
         for step_id in self._evictable:
             live = self._live[step_id]
@@ -658,10 +698,12 @@ class StateStore(_LiveState):
         if changed:
             self._write(self._spill_epoch(epoch), changed)
         count = 0
+        self._victims = {}
         for step_id, keys in victims.items():
             live, dirty = self._live[step_id], self._dirty[step_id]
+            kept = self._victims[step_id] = {}
             for key in keys:
-                del live[key]
+                kept[key] = live.pop(key)
                 dirty.pop(key, None)
             count += len(keys)
             self._stored_steps.add(step_id)

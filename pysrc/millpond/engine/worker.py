@@ -137,10 +137,10 @@ class Worker:
             return
         calls = stats.hydrate_calls
         logger.info(
-            "worker %d: %d live keys (limit %d); evicted %d keys in %d batches (%d written first); "
-            "hydrated %d keys in %d multi-gets (%.1f per call), %d single reads",
+            "worker %d: %d live keys (limit %d); evicted %d keys in %d batches (%d written first, "
+            "%d back before the next batch); hydrated %d keys in %d multi-gets (%.1f per call), %d single reads",
             self.index, self.store.evictable_count(), limit, stats.evicted, stats.evictions, stats.spilled,
-            stats.hydrated, calls, stats.hydrated / calls if calls else 0.0, stats.single_gets,
+            stats.victims_back, stats.hydrated, calls, stats.hydrated / calls if calls else 0.0, stats.single_gets,
         )
 
     # -- scheduling -----------------------------------------------------
