@@ -130,6 +130,9 @@ func TestKeyFilterAnswersReadsOfNewKeysAlone(t *testing.T) {
 		{"grown past several parts", 300_000},
 	}
 	for _, c := range cases {
+		if raceDetector && c.keys > 10_000 {
+			c.keys = 140_000 // still three parts; the race detector makes each write slow
+		}
 		t.Run(c.name, func(t *testing.T) {
 			s, err := Open(ctx, cfg(t.TempDir()), 0)
 			require.NoError(t, err)
@@ -170,8 +173,12 @@ func TestReadsWaitOnlyForQueuedBatchesThatHoldTheirKeys(t *testing.T) {
 	require.NoError(t, err)
 	waitFilter(t, s)
 	// A queue the writer needs a while for.
+	size := 100_000
+	if raceDetector {
+		size = 20_000
+	}
 	for e := int64(2); e <= 6; e++ {
-		rows := make([]rowbatch.Row, 100_000)
+		rows := make([]rowbatch.Row, size)
 		for i := range rows {
 			rows[i] = put(fmt.Sprintf("big-%07d", i), fmt.Sprintf("v%d", e))
 		}
