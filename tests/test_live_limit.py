@@ -363,3 +363,25 @@ def test_the_command_line_takes_the_limit_and_refuses_a_bad_one(tmp_path):
     assert "live keys (limit 25)" in ok.stderr
     # Without recovery, the spill directory is gone at exit.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_iter_keys_streams_every_key_once_while_keys_are_evicted_and_discarded(tmp_path):
+    with _store(tmp_path, 10) as s:
+        for i in range(0, 60, 2):
+            s.get_or_build(STEP, f"k{i:03d}").v = i
+        s.snapshot(1)
+        s.evict(2)  # most are stored only now
+        for i in range(1, 60, 2):
+            s.get_or_build(STEP, f"k{i:03d}").v = i  # live, not stored yet
+        s.discard(STEP, "k010")
+        expected = s.keys(STEP)
+        assert "k010" not in expected and len(expected) == 59
+        seen = []
+        for n, key in enumerate(s.iter_keys(STEP)):
+            seen.append(key)
+            s.get(STEP, key)  # touched: may come back from the store
+            if n % 7 == 0:
+                s.evict(2)  # written to the store while it is scanned
+            if key == "k020":
+                s.discard(STEP, "k040")  # not yielded yet: skipped
+        assert seen == [k for k in expected if k != "k040"]

@@ -31,6 +31,7 @@ only; the runtime uses it when recovery is off.
 from __future__ import annotations
 
 import gc as _pygc
+import heapq
 import itertools
 import logging
 import os
@@ -106,6 +107,12 @@ class WorkerStore(Protocol):
 
     def keys(self, step_id: str) -> list[str]:
         """Every key of ``step_id`` with state, live or stored, sorted."""
+        ...
+
+    def iter_keys(self, step_id: str) -> Iterator[str]:
+        """Every key of ``step_id`` with state, sorted, streamed: stored keys
+        are read a page at a time, so a step with more keys than memory
+        can be visited."""
         ...
 
     def live_count(self) -> int:
@@ -300,6 +307,30 @@ class _LiveState:
             found.update(self._stored_keys(step_id))
             found.difference_update(self._deleted[step_id])
         return sorted(found)
+
+    def iter_keys(self, step_id: str) -> Iterator[str]:
+        """Like :meth:`keys`, streamed: stored keys come from the store a
+        page at a time (in key order) and are merged with the live ones, so
+        the keys of a step larger than memory can be visited. Keys made
+        live or evicted while it runs are each yielded once; a key
+        discarded meanwhile is skipped if it was not yielded yet."""
+        if step_id not in self._live:
+            raise self._unknown_step(step_id)
+        if step_id not in self._maybe_stored:
+            return iter(sorted(self._live[step_id]))
+        return self._merged_keys(step_id)
+
+    def _merged_keys(self, step_id: str) -> Iterator[str]:
+        # Keys live now that the store may not hold yet; keys made live
+        # later came from the store, so its scan has them.
+        live = sorted(self._live[step_id])
+        deleted = self._deleted[step_id]
+        last: Optional[str] = None
+        for key in heapq.merge(live, self._stored_keys(step_id)):
+            if key == last or key in deleted:
+                continue
+            last = key
+            yield key
 
     def live_count(self) -> int:
         """Return how many state objects are live in memory."""

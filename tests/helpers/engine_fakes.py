@@ -109,6 +109,9 @@ class FakeStore:
                 built += 1
         return built
 
+    def iter_keys(self, step_id: str) -> Any:
+        return iter(self.keys(step_id))
+
     def keys(self, step_id: str) -> List[str]:
         ks = {k for (s, k) in self.live if s == step_id}
         ks |= {k for (s, k) in self.base if s == step_id and (s, k) not in self.gone}

@@ -14,6 +14,7 @@ snapshot is a deletion) and cancels its timer.
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
@@ -227,8 +228,8 @@ class StatefulBatchRuntime(StepRuntime):
         # On resume, ask notify_at of every restored key so timers re-arm.
         # Reading does not change a key's state: peek, so nothing is
         # snapshotted again for it.
-        keys = sorted(self.store.keys(self.step_id))
-        for chunk in self._chunks(keys):
+        first = True
+        for chunk in self._chunks(self.store.iter_keys(self.step_id)):
             for key in chunk:
                 try:
                     logic = self.store.peek(self.step_id, key)
@@ -236,7 +237,8 @@ class StatefulBatchRuntime(StepRuntime):
                     raise self.fail(ex, key=key, what="builder") from ex
                 if logic is None:
                     continue
-                if key is keys[0]:
+                if first:
+                    first = False
                     if not sets_timers(logic_class(logic)):
                         return
                     if self.store.max_live_keys is None:
@@ -244,18 +246,22 @@ class StatefulBatchRuntime(StepRuntime):
                 self._rearm(key, logic)
             self.worker.evict()
 
-    def _chunks(self, keys: List[str]) -> Iterator[List[str]]:
+    def _chunks(self, keys: Iterable[str]) -> Iterator[List[str]]:
         """``keys`` in slices whose stored state comes live in one call each:
         all at once without a live-key limit (the caller then hydrates in
         one streaming pass), otherwise at most the limit at a time, so a
-        caller that visits every key keeps the live set bounded."""
+        caller that visits every key keeps the live set bounded (and,
+        with keys streamed from the store, the key list too)."""
         limit = self.store.max_live_keys
         if limit is None:
-            yield keys
+            yield list(keys)
             return
         size = max(1, min(limit, _VISIT_CHUNK))
-        for i in range(0, len(keys), size):
-            chunk = keys[i:i + size]
+        it = iter(keys)
+        while True:
+            chunk = list(itertools.islice(it, size))
+            if not chunk:
+                return
             self._prefetch(chunk)
             yield chunk
 
@@ -287,13 +293,15 @@ class StatefulBatchRuntime(StepRuntime):
         self.activate(now, fire_timers=False)
         store = self.store
         self._out = []
-        keys: List[str] = []
+        keys: Iterable[str] = ()
         if self._has_eof:
-            keys = sorted(store.keys(self.step_id))
             # A resumed run holds only the keys it touched; on_eof may
             # run for any of them.
             if store.max_live_keys is None:
+                keys = store.keys(self.step_id)
                 self._hydrate_all()
+            else:
+                keys = store.iter_keys(self.step_id)
         # Asked per class, not per key: this runs for every key at the end.
         default_eof: Dict[type, bool] = {}
         for chunk in self._chunks(keys):
