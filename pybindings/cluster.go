@@ -238,16 +238,7 @@ func mp_cluster_close(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 // clusterLost reports whether err is a peer lost or another failure of
 // the cluster, which the engine reports as one line naming the peer.
 func clusterLost(err error) bool {
-	for _, target := range []error{
-		mesh.ErrPeerLost, mesh.ErrPeerLeft, mesh.ErrAuthentication, mesh.ErrTLSMismatch, mesh.ErrIdentityMismatch,
-		mesh.ErrForeignProtocol, mesh.ErrRefused, mesh.ErrProtocol, mesh.ErrNotJoined, mesh.ErrConfig,
-		mesh.ErrClosed, mesh.ErrAborted, durable.ErrCluster,
-	} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
+	return errors.Is(err, mesh.ErrMesh) || errors.Is(err, durable.ErrCluster)
 }
 
 // mp_cluster_abort leaves the cluster because this process failed: the
