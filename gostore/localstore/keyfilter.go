@@ -121,6 +121,16 @@ func (f *keyFilter) addRows(rows []rowbatch.Row, pending *keyFilter) {
 	}
 }
 
+// hasLocked reports whether any part holds the hashes; f.mu is held.
+func (f *keyFilter) hasLocked(a, b uint64) bool {
+	for _, p := range f.parts {
+		if p.has(a, b) {
+			return true
+		}
+	}
+	return false
+}
+
 // reset forgets every key (the pending filter, once nothing is queued).
 func (f *keyFilter) reset() {
 	f.mu.Lock()
@@ -136,11 +146,8 @@ func (f *keyFilter) anyMayHold(step string, keys []string) bool {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	for _, k := range keys {
-		a, b := f.hash(step, k)
-		for _, p := range f.parts {
-			if p.has(a, b) {
-				return true
-			}
+		if f.hasLocked(f.hash(step, k)) {
+			return true
 		}
 	}
 	return false
@@ -163,10 +170,8 @@ func (f *keyFilter) mayHold(step, key string) bool {
 	a, b := f.hash(step, key)
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	for _, p := range f.parts {
-		if p.has(a, b) {
-			return true
-		}
+	if f.hasLocked(a, b) {
+		return true
 	}
 	f.skipped.Add(1)
 	return false
@@ -182,15 +187,7 @@ func (f *keyFilter) filterKeys(step string, keys []string) []string {
 	defer f.mu.RUnlock()
 	skipped := int64(0)
 	for _, k := range keys {
-		a, b := f.hash(step, k)
-		found := false
-		for _, p := range f.parts {
-			if p.has(a, b) {
-				found = true
-				break
-			}
-		}
-		if found {
+		if f.hasLocked(f.hash(step, k)) {
 			out = append(out, k)
 		} else {
 			skipped++

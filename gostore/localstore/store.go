@@ -160,10 +160,10 @@ type Store struct {
 	// queued batches (keyfilter.go; under asyncMu); filterDone closes
 	// when the filter's background fill has stopped. queuedWhole counts
 	// queued whole batches (under asyncMu).
-	filter       *keyFilter
-	queued       *keyFilter
-	queuedWhole  int
-	filterDone   chan struct{}
+	filter      *keyFilter
+	queued      *keyFilter
+	queuedWhole int
+	filterDone  chan struct{}
 }
 
 // Open opens (or creates) the worker's store, taking its lock. With

@@ -660,9 +660,9 @@ class StateStore(_LiveState):
             return 0
         if not missing or step_id not in self._maybe_stored:
             return 0
+        # Pending deletions are skipped by the core call (its skip set);
+        # they are never among the victims (discard drops them).
         deleted = self._deleted[step_id]
-        if deleted:
-            missing = [key for key in missing if key not in deleted]
         victims = self._victims.get(step_id)
         if victims:
             still: list[str] = []

@@ -21,6 +21,7 @@ from millpond.operators import (  # _UNSET: also the name pickled snapshots of r
     _UNSET,
     JoinEmitMode,
     _check_join_modes,
+    _identity,
     _JoinSides,
     _tag_side,
     JoinInsertMode,
@@ -422,10 +423,6 @@ def reduce_window(
         return reducer(a, b)
 
     return fold_window("fold_window", up, clock, windower, lambda: _UNSET, folder, merger)
-
-
-def _identity(x: Any) -> Any:
-    return x
 
 
 @operator
