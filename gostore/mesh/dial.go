@@ -171,8 +171,12 @@ func (m *Mesh) greet(ctx context.Context, cc *grpc.ClientConn, p *peer, pr *prob
 		return nil, permanent(ErrProtocol, "sent a malformed challenge: %v", err)
 	}
 	if !hmac.Equal(mac, handshakeMAC(m.s.Secret, "server", helloBytes, body)) {
-		// Say so (unproven, so the server only notes it) and hang up.
+		// Say so (unproven, so the server only notes it) and hang up, once
+		// the note is out: the caller's cancel right after could reset the
+		// stream before gRPC wrote it. The server ends the stream when it
+		// has read it; a server that does not is waited for one second.
 		_ = stream.SendMsg(&msg{typ: msgRefuse, body: refusal{code: refusedAuth, reason: "bad server MAC"}.encode()})
+		drainAfterRefusal(stream)
 		return nil, permanent(ErrAuthentication, "failed authentication: it does not know this process's cluster secret (every process must be started with the same MILLPOND_CLUSTER_SECRET)")
 	}
 	c, err := decodeChallenge(body)
@@ -469,3 +473,21 @@ func (c *sniffConn) Read(b []byte) (int, error) {
 // keepaliveTime is gRPC's keepalive ping interval, the smallest it allows
 // a client; heartbeats detect silence sooner.
 const keepaliveTime = 10 * time.Second
+
+// drainAfterRefusal half-closes stream and waits (at most a second) until
+// the server ends it, so that what was sent last reaches the server.
+func drainAfterRefusal(stream grpc.ClientStream) {
+	_ = stream.CloseSend()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var w msg
+		for stream.RecvMsg(&w) == nil {
+		}
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		// The caller's cancel ends the stream, and the reader with it.
+	}
+}
