@@ -168,6 +168,8 @@ static PyMethodDef methods[] = {
      "run_finish(handle, aborted) -> None\n\nWait for closed epochs to commit, then stop background work."},
     {"run_close", py_run_close, METH_VARARGS, "run_close(handle) -> None\n\nStop the run and close its stores."},
     {"run_metrics", py_run_metrics, METH_VARARGS, "run_metrics(handle) -> dict\n\nCommit, upload and maintenance figures."},
+    {"run_committed_epoch", py_run_committed_epoch, METH_VARARGS,
+     "run_committed_epoch(handle) -> int\n\nThe newest epoch the run knows committed (cheap; for polling)."},
     {"run_commits", py_run_commits, METH_VARARGS,
      "run_commits(handle) -> list[dict]\n\nThe commits since the last call (epoch, objects, rows, bytes, latency)."},
     // The log bridge (log.go, log.c)

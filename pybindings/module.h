@@ -95,6 +95,7 @@ MP_METHOD(run_close_epoch);
 MP_METHOD(run_finish);
 MP_METHOD(run_close);
 MP_METHOD(run_metrics);
+MP_METHOD(run_committed_epoch);
 MP_METHOD(run_commits);
 MP_METHOD(log_flush);
 MP_METHOD(log_stop);

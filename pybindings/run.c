@@ -71,4 +71,12 @@ MP_METHOD(run_close) { return mp_call_handle(args, mp_run_close); }
 
 MP_METHOD(run_metrics) { return mp_call_handle_json(args, mp_run_metrics); }
 
+MP_METHOD(run_committed_epoch) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    long long epoch = 0;
+    CALL_GO(mp_run_committed_epoch(h, &epoch, &kind, &msg));
+    return PyLong_FromLongLong(epoch);
+}
+
 MP_METHOD(run_commits) { return mp_call_handle_json(args, mp_run_commits); }

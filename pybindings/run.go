@@ -189,6 +189,18 @@ func mp_run_metrics(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char
 	}, out, errKind, errMsg)
 }
 
+// mp_run_committed_epoch returns the newest epoch the run knows committed.
+//
+//export mp_run_committed_epoch
+func mp_run_committed_epoch(h C.uintptr_t, epoch *C.longlong, errKind *C.int, errMsg **C.char) C.int {
+	run, err := lookup[*durable.Run](uintptr(h))
+	if err != nil {
+		return setErr(err, errKind, errMsg)
+	}
+	*epoch = C.longlong(run.CommittedEpoch())
+	return 0
+}
+
 // mp_run_commits returns the commits since the last call, as JSON.
 //
 //export mp_run_commits

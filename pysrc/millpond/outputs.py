@@ -14,7 +14,14 @@ A sink is handed to ``op.output(step_id, up, sink)``. There are two kinds:
   state; it receives whole items. Good for stdout, a log, a message bus.
 
 Output is at-least-once around a resume point unless the sink uses its
-snapshot to make writes idempotent.
+snapshot to make writes idempotent, or publishes an epoch's writes only
+once the epoch is committed: a :class:`TwoPhaseSinkPartition` (the Kafka
+sink's exactly-once mode) is told when each epoch is committed.
+
+A fixed-partitioned sink that defines ``route_item(item) -> int`` takes
+whole items instead of ``(key, value)`` pairs: the partition index is
+``route_item(item) % len(list_parts())`` and the partition receives the
+items themselves (the Kafka sink routes messages by their key this way).
 
 Example: a sink that appends values to per-partition lists::
 
@@ -40,6 +47,7 @@ __all__ = [
     "Sink",
     "StatefulSinkPartition",
     "FixedPartitionedSink",
+    "TwoPhaseSinkPartition",
     "StatelessSinkPartition",
     "DynamicSink",
 ]
@@ -81,6 +89,35 @@ class StatefulSinkPartition(ABC, Generic[V, S]):
     def close(self) -> None:
         """Flush and release resources; called once on a clean stop."""
         return None
+
+
+class TwoPhaseSinkPartition(StatefulSinkPartition[V, S]):
+    """A sink partition whose output of an epoch becomes visible only once
+    millpond has committed that epoch (exactly-once output).
+
+    At each epoch close the runtime calls :meth:`prepare` (make the epoch's
+    writes durable but not yet visible, and keep in :meth:`snapshot` what is
+    needed to publish them after a crash), then snapshots the partition
+    with the epoch. Once the epoch's commit record exists (with recovery
+    off: once every worker closed it), the runtime calls :meth:`commit`
+    between activations and at the end of the run. A resumed partition gets
+    the snapshot of the committed epoch, and must publish what it holds
+    of committed epochs that were not published yet (exactly once), and drop
+    anything of later epochs.
+    """
+
+    @abstractmethod
+    def prepare(self, epoch: int) -> bool:
+        """Close ``epoch``'s writes (everything written since the last call).
+
+        Return True if :meth:`snapshot` would now return something other
+        than what it returned at the last epoch close; the runtime only
+        stores the snapshot of a partition that changed."""
+
+    @abstractmethod
+    def commit(self, epoch: int) -> None:
+        """Every epoch up to and including ``epoch`` is committed: publish
+        their writes. Called with increasing epochs, possibly skipping some."""
 
 
 class FixedPartitionedSink(Sink, Generic[V, S]):

@@ -178,6 +178,9 @@ class FakeRun:
             self.durable.committed_epoch = epoch
             del self.pending[epoch]
 
+    def committed_epoch(self) -> int:
+        return self.durable.committed_epoch
+
     def finish(self, aborted: bool) -> None:
         self.finished = aborted
         self.durable.events.append(("finish", aborted))

@@ -44,6 +44,9 @@ DEFAULT_EPOCH_INTERVAL = timedelta(seconds=10)
 # With nothing to do and a partition that wants polling again at once, wait
 # this long rather than spin (the machine is shared).
 _IDLE_POLL_SECONDS = 0.001
+# How often the epoch loop asks whether an epoch committed, when a
+# two-phase sink waits to publish one.
+_COMMIT_POLL_SECONDS = 0.02
 
 
 #: The variable that sets a live-key limit when the caller gives none.
@@ -160,6 +163,7 @@ def _execute(
         progress = progress or SingleProcessProgress()
     run = open_run(recovery_config, plan.flow_id, total, hosted, node, max_live_keys)
     workers: List[Worker] = []
+    loop: Optional[_EpochLoop] = None
     aborted = True
     try:
         kgc = run.key_group_count
@@ -176,7 +180,7 @@ def _execute(
             where,
             time.monotonic() - started,
         )
-        loop = _EpochLoop(plan, workers, exchange, progress, clock, interval, node)
+        loop = _EpochLoop(plan, workers, exchange, progress, clock, interval, node, run)
         try:
             last = loop.run(run.resume_epoch)
         except AbortExecution:
@@ -184,18 +188,30 @@ def _execute(
         else:
             logger.info("flow %r: input ended; last epoch %d", plan.flow_id, last)
             aborted = False
-            for worker in workers:
-                worker.close()
         finally:
             loop.log_summary()
             for worker in workers:
                 worker.log_live_stats()
     finally:
+        closed = False
         try:
             run.finish(aborted)
+            # Every closed epoch is committed now: two-phase sinks publish
+            # the last ones before their partitions close.
+            if loop is not None and not aborted:
+                loop.publish_commits(force=True)
+            elif loop is not None:
+                try:
+                    loop.publish_commits(force=True)
+                except Exception:  # the run already fails or aborts
+                    logger.warning("publishing committed epochs after the run stopped failed", exc_info=True)
+            if not aborted:
+                closed = True
+                for worker in workers:
+                    worker.close()
         finally:
             try:
-                if aborted:
+                if not closed:
                     for worker in workers:
                         try:
                             worker.close()
@@ -240,8 +256,16 @@ class _EpochLoop:
         clock: Clock,
         interval: timedelta,
         node: Optional[ClusterNode],
+        run: Run,
     ) -> None:
         self.plan = plan
+        self._run = run
+        # Two-phase sinks hear of commits: the newest epoch they were told
+        # of, the newest closed, and when to ask the run again.
+        self._publishes = any(w.outputs for w in workers)
+        self._told = 0
+        self._closed = 0
+        self._next_check = 0.0
         self.workers = workers
         self.exchange = exchange
         self.progress = progress
@@ -289,6 +313,8 @@ class _EpochLoop:
                         or (self.seconds == 0 and emitted)
                         or clock.monotonic() >= deadline
                     )
+                if self._publishes:
+                    self.publish_commits()
                 sent, received = exchange.counts()
                 decision = self.progress.report(LocalProgress(epoch, ready, sent, received, local_done))
                 if decision is not None and decision.close:
@@ -319,11 +345,31 @@ class _EpochLoop:
                 worker.snapshot_epoch(epoch)
             for worker in workers:
                 worker.close_epoch(epoch, last)
+            self._closed = epoch
+            if self._publishes:
+                self.publish_commits(force=True)
             self.epochs += 1
             logger.debug("flow %r: closed epoch %d", plan.flow_id, epoch)
             if last:
                 return epoch
             epoch += 1
+
+    def publish_commits(self, force: bool = False) -> None:
+        """Tell two-phase sinks of epochs committed since the last call.
+
+        Asks the run at most every ``_COMMIT_POLL_SECONDS`` unless
+        ``force``."""
+        if not self._publishes:
+            return
+        now = time.monotonic()
+        if not force and now < self._next_check:
+            return
+        self._next_check = now + _COMMIT_POLL_SECONDS
+        committed = self._run.committed_epoch()
+        if committed > self._told:
+            self._told = committed
+            for worker in self.workers:
+                worker.epochs_committed(committed)
 
     def _settle(self, epoch: int, phase: int) -> None:
         """Process received batches until the cluster decides that nothing
@@ -348,6 +394,9 @@ class _EpochLoop:
         if wakes:
             until = (min(wakes) - self.clock.now()).total_seconds()
             wait = min(wait, until)
+        if self._publishes and self._told < self._closed:
+            # A closed epoch waits to be published once committed.
+            wait = min(wait, _COMMIT_POLL_SECONDS)
         self._wait(max(wait, _IDLE_POLL_SECONDS))
 
     def log_summary(self) -> None:

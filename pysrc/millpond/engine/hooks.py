@@ -44,6 +44,10 @@ class Run(Protocol):
 
         ``last`` marks the run's final epoch (every input ended)."""
 
+    def committed_epoch(self) -> int:
+        """The newest epoch known committed (cheap: polled between
+        activations to let two-phase sinks publish committed epochs)."""
+
     def finish(self, aborted: bool) -> None:
         """At the end of the run: wait for commits, stop background work."""
 
@@ -75,6 +79,9 @@ class EphemeralRun:
     ) -> None:
         self.key_group_count = key_group_count
         self._stores: Dict[int, WorkerStore] = {}
+        # Nothing to wait for without recovery: an epoch counts as
+        # committed once every hosted worker closed it.
+        self._closed: Dict[int, int] = {w: 0 for w in hosted}
         if max_live_keys is None:
             self._stores = {w: MemoryStateStore() for w in hosted}
             return
@@ -102,7 +109,10 @@ class EphemeralRun:
         self._stores[worker_index].snapshot(epoch)
 
     def close_epoch(self, worker_index: int, epoch: int, last: bool = False) -> None:
-        pass
+        self._closed[worker_index] = epoch
+
+    def committed_epoch(self) -> int:
+        return min(self._closed.values(), default=0)
 
     def finish(self, aborted: bool) -> None:
         pass

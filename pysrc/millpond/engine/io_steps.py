@@ -198,6 +198,12 @@ class InputRuntime(StepRuntime):
                 raise self.fail(ex, key=sp.name, what="close") from ex
 
 
+def _is_two_phase(part: Any) -> bool:
+    """True for a two-phase sink partition (``prepare`` and ``commit``;
+    see :class:`millpond.outputs.TwoPhaseSinkPartition`)."""
+    return callable(getattr(part, "prepare", None)) and callable(getattr(part, "commit", None))
+
+
 def _default_part_fn(key: str) -> int:
     return zlib.adler32(key.encode("utf-8"))
 
@@ -212,6 +218,7 @@ class OutputRuntime(StepRuntime):
         self.fixed = is_fixed_partitioned(sink)
         self.parts: Dict[str, Any] = {}
         self.dirty: set[str] = set()
+        self.two_phase: Dict[str, Any] = {}
         store = worker.store
         if self.fixed:
             store.register(self.step_id, Hydrated)
@@ -222,6 +229,8 @@ class OutputRuntime(StepRuntime):
                 raise self.fail(ex) from ex
             self.owners = [worker.owner_of(n) for n in self.names]
             self.part_fn = getattr(sink, "part_fn", _default_part_fn)
+            # A sink that routes whole items itself (see millpond.outputs).
+            self.route_item = getattr(sink, "route_item", None)
             for name, owner in zip(self.names, self.owners, strict=True):
                 if owner != worker.index:
                     continue
@@ -232,6 +241,7 @@ class OutputRuntime(StepRuntime):
                     raise self.fail(ex, key=name, what="build_part") from ex
                 store.set(self.step_id, name, part)
                 self.parts[name] = part
+            self.two_phase = {n: p for n, p in self.parts.items() if _is_two_phase(p)}
         else:
             try:
                 part = sink.build(self.step_id, worker.index, worker.count)
@@ -248,6 +258,15 @@ class OutputRuntime(StepRuntime):
         owners, n = self.owners, len(self.names)
         me = self.worker.index
         by_worker: Dict[int, List[Any]] = {}
+        if self.route_item is not None:
+            route = self.route_item
+            for item in items:
+                try:
+                    idx = route(item) % n
+                except Exception as rex:
+                    raise self.fail(rex, what="route_item") from rex
+                by_worker.setdefault(owners[idx], []).append((idx, item))
+            items = []
         for item in items:
             if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
                 ex = TypeError(
@@ -287,10 +306,28 @@ class OutputRuntime(StepRuntime):
     def before_snapshot(self) -> None:
         if not self.fixed:
             return
+        epoch = self.worker.epoch
+        for name, part in self.two_phase.items():
+            try:
+                if part.prepare(epoch):
+                    self.dirty.add(name)
+            except Exception as ex:
+                raise self.fail(ex, key=name, what="prepare") from ex
         store = self.worker.store
         for name in sorted(self.dirty):
             store.set(self.step_id, name, self.parts[name])
         self.dirty.clear()
+
+    def committed(self, epoch: int) -> None:
+        """Epochs up to ``epoch`` are committed: two-phase partitions
+        publish them."""
+        if not self.fixed:
+            return
+        for name, part in self.two_phase.items():
+            try:
+                part.commit(epoch)
+            except Exception as ex:
+                raise self.fail(ex, key=name, what="commit") from ex
 
     def close(self) -> None:
         for name, part in self.parts.items():

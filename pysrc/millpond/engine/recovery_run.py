@@ -88,7 +88,7 @@ class RecoveryRun:
             info = _core.run_info(self._handle)
             self.execution: int = info["execution"]
             self.resume_epoch: int = info["resume_epoch"]
-            self.committed_epoch: int = info["committed_epoch"]
+            self.committed_epoch_at_open: int = info["committed_epoch"]
             for w in self.hosted:
                 self._stores[w] = self._restore(w)
             _core.run_start(self._handle)
@@ -172,6 +172,12 @@ class RecoveryRun:
         _core.run_close_epoch(self._require(), worker_index, epoch, last)
         if logger.isEnabledFor(logging.DEBUG):
             self._log_commits()
+
+    def committed_epoch(self) -> int:
+        """The newest epoch this process knows committed (a cheap core call)."""
+        if self._handle is None:
+            return self.committed_epoch_at_open
+        return _core.run_committed_epoch(self._handle)
 
     def _log_commits(self) -> None:
         """Log the commits the background pipeline made since the last call."""

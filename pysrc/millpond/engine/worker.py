@@ -84,6 +84,7 @@ class Worker:
             self._ports.append([[p for _, p in d] for d in step.downs])
         self.inputs = [rt for rt in self.runtimes if isinstance(rt, InputRuntime)]
         self.stateful = [rt for rt in self.runtimes if isinstance(rt, StatefulBatchRuntime)]
+        self.outputs = [rt for rt in self.runtimes if isinstance(rt, OutputRuntime) and rt.two_phase]
 
     # -- routing --------------------------------------------------------
 
@@ -216,6 +217,11 @@ class Worker:
             # is user code, so it surfaces like any other user error.
             err = DataflowError(f"error on worker {self.index} at the close of epoch {epoch}: {ex}")
             raise err from ex
+
+    def epochs_committed(self, epoch: int) -> None:
+        """Epochs up to ``epoch`` are committed: two-phase sinks publish them."""
+        for rt in self.outputs:
+            rt.committed(epoch)
 
     def close(self) -> None:
         """Close every source and sink partition (first error wins)."""
