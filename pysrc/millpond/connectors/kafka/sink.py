@@ -1,0 +1,361 @@
+"""``KafkaSink``: one topic written at least once or exactly once.
+
+Exactly once (``exactly_once=True``), per sink partition (one per partition
+of the topic):
+
+1. The writes of an epoch go into one Kafka transaction of the
+   partition's transactional producer (``transactional.id`` =
+   ``millpond.<step id>.<topic>-<partition>``), and are kept in memory.
+2. At the epoch's close (:meth:`prepare`) the transaction is flushed and
+   given a marker: a transactional offset commit of the epoch number for
+   the group named after the transactional id. The epoch's records are in
+   the partition's snapshot, which millpond commits with the epoch.
+3. Once millpond has committed the epoch, the transaction is committed
+   (:meth:`commit`): records and marker become visible together. Writes of
+   the next epoch made while the transaction waits are held in memory and
+   produced in a new transaction right after it commits.
+4. A resumed partition starts its producer (``init_transactions`` aborts
+   whatever transaction a failed run left open and fences that run's
+   producer), reads the marker, and publishes, in one transaction, the
+   records of every epoch in its resume state that the marker does not
+   cover: those were committed by millpond but not yet by Kafka. Epochs
+   the marker covers are not repeated; epochs after the resume point
+   are gone with the aborted transaction.
+
+Readers with ``isolation.level=read_committed`` see every record once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from millpond.connectors.kafka.client import (
+    METADATA_TIMEOUT_SECONDS,
+    KafkaConnectorError,
+    brokers_str,
+    client_config,
+    describe,
+    topic_partitions,
+)
+from millpond.connectors.kafka.message import KafkaSinkMessage
+from millpond.outputs import FixedPartitionedSink, StatefulSinkPartition, TwoPhaseSinkPartition
+
+__all__ = ["KafkaSink"]
+
+logger = logging.getLogger("millpond.kafka")
+
+# A record as kept in memory and in a snapshot: (key, value, headers).
+Record = Tuple[Optional[bytes], Optional[bytes], Any]
+
+#: How long a flush or a transaction call may take before the sink gives
+#: up with an error (the flow then stops; nothing committed is lost).
+TRANSACTION_TIMEOUT_SECONDS = 60.0
+
+
+def _as_bytes(what: str, x: Any) -> Optional[bytes]:
+    if x is None or type(x) is bytes:
+        return x
+    if isinstance(x, str):
+        return x.encode("utf-8")
+    if isinstance(x, (bytearray, memoryview)):
+        return bytes(x)
+    raise TypeError(
+        f"KafkaSinkMessage {what} must be bytes, str or None; got {type(x).__name__} "
+        "(use a serialize operator of millpond.connectors.kafka.operators first)"
+    )
+
+
+class _Producing:
+    """A producer writing to one topic partition, reporting failed
+    deliveries instead of dropping them."""
+
+    def __init__(self, conf: Dict[str, Any], topic: str, partition: int, name: str) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.name = name
+        self.failed: Optional[str] = None
+        self.producer = Producer(conf)
+
+    def _delivered(self, err: Any, _msg: Any) -> None:
+        if err is not None and self.failed is None:
+            self.failed = describe(err)
+
+    def produce(self, records: List[Record]) -> None:
+        produce = self.producer.produce
+        topic, partition, cb = self.topic, self.partition, self._delivered
+        for key, value, headers in records:
+            while True:
+                try:
+                    produce(topic, value, key, partition, on_delivery=cb, headers=headers)
+                    break
+                except BufferError:
+                    # The local queue is full: serve deliveries, then retry.
+                    self.producer.poll(0.05)
+        self.producer.poll(0)
+        self.check()
+
+    def flush(self) -> None:
+        left = self.producer.flush(TRANSACTION_TIMEOUT_SECONDS)
+        self.check()
+        if left:
+            raise KafkaConnectorError(
+                f"Kafka sink {self.name}: {left} records not delivered within "
+                f"{TRANSACTION_TIMEOUT_SECONDS:g} s; are the brokers up?"
+            )
+
+    def check(self) -> None:
+        if self.failed is not None:
+            raise KafkaConnectorError(f"Kafka sink {self.name}: writing failed: {self.failed}")
+
+
+def _records(topic: str, values: List[Any]) -> List[Record]:
+    out: List[Record] = []
+    for msg in values:
+        if type(msg) is not KafkaSinkMessage:
+            raise TypeError(f"a KafkaSink takes KafkaSinkMessage items; got {msg!r:.80}")
+        if msg.topic is not None and msg.topic != topic:
+            raise ValueError(
+                f"KafkaSinkMessage names topic {msg.topic!r} but the sink writes {topic!r} "
+                "(a KafkaSink writes one topic: use one output step per topic)"
+            )
+        out.append((_as_bytes("key", msg.key), _as_bytes("value", msg.value),
+                    list(msg.headers) if msg.headers else None))
+    return out
+
+
+class _AtLeastOncePartition(StatefulSinkPartition[KafkaSinkMessage[Any, Any], None]):
+    """An idempotent producer, flushed at every epoch close: a committed
+    epoch's records are in Kafka; a replayed epoch writes its records again."""
+
+    def __init__(self, conf: Dict[str, Any], topic: str, partition: int, name: str) -> None:
+        self._out = _Producing(conf, topic, partition, name)
+
+    def write_batch(self, values: List[KafkaSinkMessage[Any, Any]]) -> None:
+        self._out.produce(_records(self._out.topic, values))
+
+    def snapshot(self) -> None:
+        self._out.flush()
+        return None
+
+    def close(self) -> None:
+        self._out.flush()
+
+
+class _ExactlyOncePartition(TwoPhaseSinkPartition[KafkaSinkMessage[Any, Any], Dict[str, Any]]):
+    """A transactional producer publishing each epoch once millpond has
+    committed it (the protocol is in this module's docstring)."""
+
+    def __init__(self, conf: Dict[str, Any], marker_conf: Dict[str, Any], topic: str, partition: int,
+                 name: str, resume_state: Optional[Dict[str, Any]]) -> None:
+        self._name = name
+        self._marker_tp = TopicPartition(topic, partition)
+        self._out = _Producing(conf, topic, partition, name)
+        # Writes of the current epoch, and whether they go to an open
+        # transaction as they come (the producer is free) or wait in
+        # memory (a prepared transaction waits for millpond's commit).
+        self._current: List[Record] = []
+        self._streaming = False
+        # (epoch, records) prepared and not yet published, oldest first;
+        # the first is in the producer's open transaction if _prepared.
+        self._pending: List[Tuple[int, List[Record]]] = []
+        self._prepared = False
+        self._changed = resume_state is not None
+        marker_consumer = Consumer(marker_conf)
+        try:
+            self._group = marker_consumer.consumer_group_metadata()
+            self._call("init_transactions", self._out.producer.init_transactions, TRANSACTION_TIMEOUT_SECONDS)
+            published = self._read_marker(marker_consumer)
+        finally:
+            marker_consumer.close()
+        todo = [(e, recs) for e, recs in (resume_state or {}).get("pending", []) if e > published]
+        if todo:
+            logger.info("Kafka sink %s: publishing %d records of committed epoch(s) %s that Kafka had not committed",
+                        name, sum(len(r) for _, r in todo), [e for e, _ in todo])
+            self._publish(todo)
+
+    # -- Kafka calls ------------------------------------------------------
+
+    def _call(self, what: str, fn: Any, *args: Any) -> Any:
+        """Call a transactional API, retrying what librdkafka says is
+        retriable; a fenced producer or a fatal error is one clear error."""
+        deadline = time.monotonic() + TRANSACTION_TIMEOUT_SECONDS
+        while True:
+            try:
+                return fn(*args)
+            except KafkaException as ex:
+                err = ex.args[0] if ex.args else None
+                retriable = err is not None and hasattr(err, "retriable") and err.retriable()
+                if retriable and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                if err is not None and hasattr(err, "fatal") and err.fatal():
+                    raise KafkaConnectorError(
+                        f"Kafka sink {self._name}: {what} failed: {describe(err)}; another run of this flow "
+                        "may have taken over the partition (its transactional id fences this one)"
+                    ) from None
+                raise
+
+    def _read_marker(self, consumer: Consumer) -> int:
+        """The newest epoch whose transaction Kafka committed (0: none)."""
+        try:
+            got = consumer.committed([self._marker_tp], timeout=METADATA_TIMEOUT_SECONDS)
+        except KafkaException as ex:
+            raise KafkaConnectorError(f"Kafka sink {self._name}: reading its commit marker: {describe(ex)}") from None
+        offset = got[0].offset if got else -1
+        return offset if offset > 0 else 0
+
+    def _marker(self, epoch: int) -> None:
+        tp = TopicPartition(self._marker_tp.topic, self._marker_tp.partition, epoch)
+        self._call("marking the transaction", self._out.producer.send_offsets_to_transaction,
+                   [tp], self._group, TRANSACTION_TIMEOUT_SECONDS)
+
+    def _commit_open(self) -> None:
+        """Commit the open transaction; if Kafka aborted it (a timeout, an
+        abortable error), publish its records again in a new one."""
+        try:
+            self._call("commit", self._out.producer.commit_transaction, TRANSACTION_TIMEOUT_SECONDS)
+        except KafkaException as ex:
+            err = ex.args[0] if ex.args else None
+            if err is None or not err.txn_requires_abort():
+                raise KafkaConnectorError(f"Kafka sink {self._name}: commit failed: {describe(ex)}") from None
+            logger.warning("Kafka sink %s: the transaction was aborted (%s); writing it again",
+                           self._name, describe(ex))
+            self._call("abort", self._out.producer.abort_transaction, TRANSACTION_TIMEOUT_SECONDS)
+            self._out.failed = None
+            self._publish(self._pending[:1])
+
+    def _publish(self, entries: List[Tuple[int, List[Record]]]) -> None:
+        """Write ``entries`` (epochs millpond committed) in one transaction
+        with the marker of the last, and commit it."""
+        producer = self._out.producer
+        self._call("begin", producer.begin_transaction)
+        for _epoch, records in entries:
+            self._out.produce(records)
+        self._marker(entries[-1][0])
+        self._out.flush()
+        self._call("commit", producer.commit_transaction, TRANSACTION_TIMEOUT_SECONDS)
+
+    # -- the partition protocol -------------------------------------------
+
+    def write_batch(self, values: List[KafkaSinkMessage[Any, Any]]) -> None:
+        records = _records(self._out.topic, values)
+        if not self._streaming and not self._pending:
+            self._call("begin", self._out.producer.begin_transaction)
+            self._streaming = True
+        if self._streaming:
+            self._out.produce(records)
+        self._current.extend(records)
+
+    def prepare(self, epoch: int) -> bool:
+        changed = self._changed
+        self._changed = False
+        if not self._current:
+            return changed
+        records, self._current = self._current, []
+        if self._streaming:
+            self._marker(epoch)
+            self._out.flush()
+            self._streaming = False
+            self._prepared = True
+        self._pending.append((epoch, records))
+        return True
+
+    def commit(self, epoch: int) -> None:
+        if not self._pending or self._pending[0][0] > epoch:
+            return
+        if self._prepared:
+            self._commit_open()
+            self._prepared = False
+            self._pending.pop(0)
+        ready = [p for p in self._pending if p[0] <= epoch]
+        if ready:
+            self._publish(ready)
+            del self._pending[:len(ready)]
+        self._changed = True
+        if self._current and not self._pending:
+            # Writes of the running epoch waited in memory: they go into a
+            # new transaction now, and the next ones stream into it.
+            self._call("begin", self._out.producer.begin_transaction)
+            self._streaming = True
+            self._out.produce(self._current)
+
+    def snapshot(self) -> Dict[str, Any]:
+        return {"pending": list(self._pending)}
+
+    def close(self) -> None:
+        if self._streaming or self._prepared:
+            # Nothing open is committed by millpond (commit came first):
+            # aborting spares read_committed readers the transaction
+            # timeout; a resume would abort it anyway.
+            try:
+                self._out.producer.abort_transaction(TRANSACTION_TIMEOUT_SECONDS)
+            except KafkaException as ex:
+                logger.debug("Kafka sink %s: abort at close: %s", self._name, describe(ex))
+        self._out.producer.flush(TRANSACTION_TIMEOUT_SECONDS)
+
+
+class KafkaSink(FixedPartitionedSink[KafkaSinkMessage[Any, Any], Any]):
+    """Write :class:`KafkaSinkMessage` items to ``topic`` on ``brokers``.
+
+    One sink partition per partition of the topic (named
+    ``"<topic>-<partition>"``), spread over the workers; a message goes to
+    the Kafka partition the CRC32 of its key picks (librdkafka's default
+    partitioner), keyless messages by the CRC32 of their value. So the
+    stream need not be keyed: items are messages, as with Bytewax.
+
+    ``exactly_once=False`` (default): an idempotent producer per partition,
+    flushed at every epoch close, so every record of a committed epoch is
+    in Kafka; a resumed flow writes the records of replayed epochs again
+    (at least once). ``exactly_once=True``: one Kafka transaction per epoch
+    and partition, committed only after millpond's commit of the epoch, so
+    readers with ``isolation.level=read_committed`` see each record exactly
+    once across any number of crashes (records appear when their epoch
+    commits). See ``docs/connectors.md`` for the protocol. ``add_config``
+    is merged into every producer's librdkafka configuration.
+    """
+
+    def __init__(self, brokers: Union[str, Sequence[str]], topic: str, add_config: Optional[Dict[str, Any]] = None,
+                 exactly_once: bool = False) -> None:
+        if not isinstance(topic, str) or not topic:
+            raise ValueError(f"topic must be a topic name; got {topic!r}")
+        self._brokers = brokers_str(brokers)
+        self._topic = topic
+        self._add_config = dict(add_config or {})
+        self._exactly_once = bool(exactly_once)
+        self._parts: Optional[List[str]] = None
+
+    def list_parts(self) -> List[str]:
+        if self._parts is None:
+            count = topic_partitions(self._brokers, [self._topic], self._add_config)[self._topic]
+            self._parts = [f"{self._topic}-{p}" for p in range(count)]
+        return list(self._parts)
+
+    def route_item(self, item: Any) -> int:
+        """The partition of a message: CRC32 of its key, else of its value."""
+        if type(item) is not KafkaSinkMessage:
+            raise TypeError(f"a KafkaSink takes KafkaSinkMessage items; got {item!r:.80}")
+        key = item.key if item.key is not None else item.value
+        if key is None:
+            return 0
+        return zlib.crc32(key if type(key) is bytes else _as_bytes("key", key) or b"")
+
+    def build_part(self, step_id: str, for_part: str, resume_state: Any) -> StatefulSinkPartition[Any, Any]:
+        partition = int(for_part.rpartition("-")[2])
+        name = f"{step_id} ({for_part})"
+        if not self._exactly_once:
+            conf = client_config(self._brokers, self._add_config, **{"enable.idempotence": True, "linger.ms": 5})
+            return _AtLeastOncePartition(conf, self._topic, partition, name)
+        txn_id = f"millpond.{step_id}.{for_part}"
+        conf = client_config(self._brokers, self._add_config,
+                             **{"transactional.id": txn_id, "enable.idempotence": True, "linger.ms": 5})
+        marker_conf = client_config(self._brokers, self._add_config,
+                                    **{"group.id": txn_id, "enable.auto.commit": False,
+                                       "isolation.level": "read_committed"})
+        for drop in ("transactional.id",):
+            marker_conf.pop(drop, None)
+        return _ExactlyOncePartition(conf, marker_conf, self._topic, partition, name, resume_state)
