@@ -11,7 +11,7 @@ worker, in order, so a module-scoped fixture (a built wheel, a reference
 run, a killed run...) is made once, as in a serial run, and tests of one
 module never run at the same time. Tests of different modules do: a test
 must not use a fixed port or a fixed path outside its temp dirs. Session
-fixtures (the S3 test server) are made once per worker.
+fixtures (the S3 test server, the Kafka broker) are made once per worker.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import Generator, List
 import pytest
 
 from helpers.s3server import s3_server  # noqa: F401  (a session fixture for every suite)
+from helpers.kafka import kafka_broker  # noqa: F401  (a real Kafka broker per worker, tools/kafka/broker.py)
 
 # Several tests send SIGINT to a child Python and expect a KeyboardInterrupt
 # (exit 130). A process started in the background by a non-interactive shell
