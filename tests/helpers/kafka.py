@@ -26,6 +26,7 @@ anything.
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 import sys
@@ -236,6 +237,12 @@ class KafkaTestBroker:
         for fut in self.admin().create_acls(bindings, request_timeout=30).values():
             fut.result(timeout=30)
 
+    def close(self) -> None:
+        """Drop the cached clients (before the broker stops: they would
+        retry connecting to it until the process ends)."""
+        self._admin = None
+        gc.collect()
+
     # ---- set-up
 
     def warm_up(self, timeout: float = 60) -> None:
@@ -266,5 +273,6 @@ def kafka_broker() -> Iterator[KafkaTestBroker]:
         log.info("Kafka broker %s: started in %.1f s, warmed up in %.1f s", kb.bootstrap,
                  broker.start_seconds, time.monotonic() - t0)
         yield kb
+        kb.close()
     finally:
         broker.stop()
