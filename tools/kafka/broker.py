@@ -399,10 +399,13 @@ class Broker:
                               f"{(fmt.stdout + fmt.stderr)[-4000:]}")
         log_file = open(self.dir / "broker.log", "wb")
         self._log_file = log_file
-        # a new session: a Ctrl-C at a terminal reaches only us, and we stop it
-        self.proc = subprocess.Popen(jvm + ["kafka.Kafka", str(conf)], stdin=subprocess.DEVNULL,
-                                     stdout=log_file, stderr=subprocess.STDOUT, cwd=self.dir,
-                                     start_new_session=True)
+        # A new session (a Ctrl-C at a terminal reaches only us, and we stop
+        # it), under a watchdog shell that ends the broker when our end of
+        # its stdin closes: a process killed without stopping its broker
+        # (SIGKILL of pytest) leaves no JVM behind.
+        self.proc = subprocess.Popen(["sh", "-c", _WATCHDOG, "kafka-watchdog", *jvm, "kafka.Kafka", str(conf)],
+                                     stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT,
+                                     cwd=self.dir, start_new_session=True)
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -430,15 +433,21 @@ class Broker:
         code: Optional[int] = None
         proc, self.proc = self.proc, None
         if proc is not None:
+            # the process group of the watchdog shell: the shell, the JVM
+            # and the shell's stdin reader
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                _killpg(proc.pid, signal.SIGTERM)
                 try:
                     proc.wait(timeout=STOP_TIMEOUT)
                 except subprocess.TimeoutExpired:
                     log.warning("the Kafka broker (pid %d) did not stop within %.0f s of SIGTERM: SIGKILL",
                                 proc.pid, STOP_TIMEOUT)
-                    proc.kill()
-                    proc.wait(timeout=30)
+            _killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
+            if proc.poll() is None:
+                proc.wait(timeout=30)
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
             code = proc.returncode
         if self._log_file is not None:
             self._log_file.close()  # type: ignore[attr-defined]
@@ -449,6 +458,27 @@ class Broker:
         with contextlib.suppress(Exception):
             atexit.unregister(self.stop)
         return code
+
+
+#: ``sh -c`` script: run "$@" (the JVM) in the background, pass SIGTERM
+#: and SIGINT on to it, end it when stdin (a pipe from the Python that
+#: started it) reaches EOF, i.e. when that process is gone; exit with the
+#: JVM's status.
+_WATCHDOG = """
+exec 3<&0
+"$@" 0</dev/null &
+pid=$!
+trap 'kill -TERM $pid 2>/dev/null' TERM INT
+{ read _line <&3; kill -TERM $pid 2>/dev/null; } &
+rc=0
+while kill -0 $pid 2>/dev/null; do wait $pid; rc=$?; done
+exit $rc
+"""
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def _accepts(port: int) -> bool:
