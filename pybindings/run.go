@@ -186,7 +186,29 @@ func mp_run_metrics(h C.uintptr_t, out **C.char, errKind *C.int, errMsg **C.char
 		"commit_latency_p50": durable.Percentile(m.CommitLatencies, 50),
 		"commit_latency_p99": durable.Percentile(m.CommitLatencies, 99),
 		"commit_latencies":   m.CommitLatencies,
+		// Cumulative, as Prometheus histograms count: [upper bound, commits
+		// at or below it], the last bound +Inf (written as null).
+		"commit_latency_buckets": commitLatencyBuckets(m),
+		"commit_latency_sum":     m.CommitLatencySum,
+		"upload_retries":         m.UploadRetries,
 	}, out, errKind, errMsg)
+}
+
+// commitLatencyBuckets is the commit latency histogram as cumulative
+// [bound, count] pairs; the last bound, +Inf, is nil (JSON has no
+// infinity).
+func commitLatencyBuckets(m durable.Metrics) [][2]any {
+	out := make([][2]any, 0, len(m.CommitLatencyBuckets))
+	var total int64
+	for i, n := range m.CommitLatencyBuckets {
+		total += n
+		var bound any
+		if i < len(durable.CommitLatencyBounds) {
+			bound = durable.CommitLatencyBounds[i]
+		}
+		out = append(out, [2]any{bound, total})
+	}
+	return out
 }
 
 // mp_run_committed_epoch returns the newest epoch the run knows committed.

@@ -48,7 +48,7 @@ def engine(monkeypatch):
     calls = _Calls()
 
     def cluster_main(flow, addresses, proc_id, *, epoch_interval=None, recovery_config=None, worker_count_per_proc=1,
-                     max_live_keys=None):
+                     max_live_keys=None, metrics_port=None, metrics_address="127.0.0.1"):
         calls.cluster.append(
             dict(
                 flow=flow,
@@ -58,6 +58,8 @@ def engine(monkeypatch):
                 recovery_config=recovery_config,
                 worker_count_per_proc=worker_count_per_proc,
                 max_live_keys=max_live_keys,
+                metrics_port=metrics_port,
+                metrics_address=metrics_address,
             )
         )
         if calls.raise_exc is not None:
@@ -237,6 +239,20 @@ def test_defaults_run_one_worker_in_one_process_without_recovery(engine, flows_p
     assert call["worker_count_per_proc"] == 1
     assert call["epoch_interval"] is None
     assert call["recovery_config"] is None
+    assert call["metrics_port"] is None
+
+
+def test_metrics_flags_and_env_reach_cluster_main(engine, flows_pkg, monkeypatch):
+    assert run.main(["--metrics-port", "9464", f"{flows_pkg}.wc"]) == 0
+    assert (engine.cluster[-1]["metrics_port"], engine.cluster[-1]["metrics_address"]) == (9464, "127.0.0.1")
+    assert run.main(["--metrics-port", "0", "--metrics-address", "0.0.0.0", f"{flows_pkg}.wc"]) == 0
+    assert (engine.cluster[-1]["metrics_port"], engine.cluster[-1]["metrics_address"]) == (0, "0.0.0.0")
+    monkeypatch.setenv("MILLPOND_METRICS_PORT", "9100")
+    monkeypatch.setenv("MILLPOND_METRICS_ADDRESS", "::1")
+    assert run.main([f"{flows_pkg}.wc"]) == 0
+    assert (engine.cluster[-1]["metrics_port"], engine.cluster[-1]["metrics_address"]) == (9100, "::1")
+    assert run.main(["--metrics-port", "9200", f"{flows_pkg}.wc"]) == 0  # the flag wins
+    assert engine.cluster[-1]["metrics_port"] == 9200
 
 
 def test_flags_reach_cluster_main(engine, flows_pkg, tmp_path):

@@ -94,6 +94,14 @@ func TestTransientUploadFailuresAreRetried(t *testing.T) {
 			require.NoError(t, run.Finish(false))
 			assert.Equal(t, 1, min(fb.Failures(faultbackup.OpUpload), 1))
 			assert.Equal(t, int64(5), readState(t, h.bk).Commit.Epoch)
+			m := run.Metrics()
+			assert.Equal(t, int64(fb.Failures(faultbackup.OpUpload)), m.UploadRetries, "every failed upload was retried once")
+			var counted int64
+			for _, n := range m.CommitLatencyBuckets {
+				counted += n
+			}
+			assert.Equal(t, m.Commits, counted, "every commit is in the latency histogram")
+			assert.Greater(t, m.CommitLatencySum, 0.0)
 			require.NoError(t, run.Close())
 			h.wipeLocal()
 			run, _ = h.open(h.config(2))

@@ -78,9 +78,27 @@ type Metrics struct {
 	// CommitLatencies are seconds from the first close of an epoch to its
 	// commit, newest last (at most 4096 kept).
 	CommitLatencies []float64
+	// CommitLatencyBuckets counts every commit latency of the run (not
+	// only the kept ones) by bucket: CommitLatencyBuckets[i] counts those
+	// at most CommitLatencyBounds[i] and above the bound before it, the
+	// last one those above every bound. CommitLatencySum adds them up.
+	// A Prometheus histogram is made from these (millpond.metrics).
+	CommitLatencyBuckets [len(CommitLatencyBounds) + 1]int64
+	CommitLatencySum     float64
+	// UploadRetries counts the failed backup calls (uploads, listings,
+	// commit records) that were tried again.
+	UploadRetries int64
 }
 
+// CommitLatencyBounds are the upper bounds, in seconds, of the commit
+// latency buckets (CommitLatencyBuckets).
+var CommitLatencyBounds = [...]float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+
 func (m *Metrics) observeCommit(d time.Duration) {
+	s := d.Seconds()
+	i := sort.SearchFloat64s(CommitLatencyBounds[:], s)
+	m.CommitLatencyBuckets[i]++
+	m.CommitLatencySum += s
 	m.CommitLatencies = append(m.CommitLatencies, d.Seconds())
 	if len(m.CommitLatencies) > 4096 {
 		m.CommitLatencies = m.CommitLatencies[len(m.CommitLatencies)-4096:]
@@ -94,6 +112,7 @@ func (r *Run) Metrics() Metrics {
 	m := r.metrics
 	m.CommitLatencies = append([]float64(nil), r.metrics.CommitLatencies...)
 	m.CommittedEpoch = r.committed
+	m.UploadRetries = r.uploadRetries.Load()
 	for _, s := range r.stores {
 		if s != nil {
 			m.LocalWriteSeconds += s.WriteSeconds()

@@ -231,6 +231,7 @@ func (r *Run) retry(what, key string, op func() error) error {
 			break
 		}
 		r.cfg.Logger.Warn(what+" failed; retrying", "key", key, "attempt", attempt, "err", err)
+		r.uploadRetries.Add(1)
 		select {
 		case <-time.After(delay):
 		case <-r.ctx.Done():

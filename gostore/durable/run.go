@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/millpond/millpond/gostore/backup"
@@ -229,6 +230,9 @@ type Run struct {
 	progress  Progress
 	metrics   Metrics
 	commitLog []CommitEvent
+	// uploadRetries counts the backup calls retry tried again (not under
+	// mu: retries happen outside it).
+	uploadRetries atomic.Int64
 
 	// parent is the context Open was called with: the run outlives that
 	// call, but cancelling it (an interrupt) stops the run's background

@@ -21,6 +21,7 @@ __all__ = [
     "LocalStoreDamagedError",
     "AbortExecution",
     "ClusterError",
+    "MetricsError",
     "keyed_item_error",
 ]
 
@@ -81,6 +82,11 @@ class ClusterError(RuntimeError):
     of an older execution was fenced out. The message names the process
     (``process 2 (10.0.0.7:2101) lost: ...``); run the whole cluster again
     and it resumes from the last committed epoch."""
+
+
+class MetricsError(RuntimeError):
+    """The metrics endpoint (``--metrics-port``) could not be served: its
+    address is in use or not this machine's. Nothing ran."""
 
 
 class AbortExecution(RuntimeError):

@@ -43,11 +43,15 @@ def free_ports(n: int, host: str = "127.0.0.1") -> List[int]:
             s.close()
 
 
-def launch_local(argv: Sequence[str], processes: int, peer_timeout: Optional[float] = None) -> int:
+def launch_local(
+    argv: Sequence[str], processes: int, peer_timeout: Optional[float] = None, metrics_port: Optional[int] = None
+) -> int:
     """Run ``python -m millpond.run ARGV`` as ``processes`` local processes
     of one cluster; return the exit status: 0, 128+N when the launcher got
     signal N (forwarded to every process), else the first failure's.
-    ``peer_timeout`` defaults to ``MILLPOND_PEER_TIMEOUT`` (10 s)."""
+    ``peer_timeout`` defaults to ``MILLPOND_PEER_TIMEOUT`` (10 s).
+    ``metrics_port`` N (``ARGV`` without ``--metrics-port``): process i
+    serves its metrics on port N+i (every one on a free port for 0)."""
     if peer_timeout is None:
         try:
             peer_timeout = float(os.environ.get("MILLPOND_PEER_TIMEOUT", "") or 10.0)
@@ -60,7 +64,10 @@ def launch_local(argv: Sequence[str], processes: int, peer_timeout: Optional[flo
         env.pop(name, None)
     for i in range(processes):
         cmd = [sys.executable, "-m", "millpond.run", *argv, "-i", str(i), "-a", addresses]
-        procs.append(subprocess.Popen(cmd, env=env))
+        child_env = env
+        if metrics_port is not None:
+            child_env = dict(env, MILLPOND_METRICS_PORT=str(metrics_port + i if metrics_port else 0))
+        procs.append(subprocess.Popen(cmd, env=child_env))
     logger.info("started %d processes on %s", processes, addresses)
 
     signalled: List[int] = []

@@ -32,6 +32,10 @@ flag                                    environment variable             meaning
 ``--tls-key FILE``                      ``MILLPOND_TLS_KEY``              the certificate's private key (PEM)
 ``--tls-ca FILE``                       ``MILLPOND_TLS_CA``               the CA of every process's certificate:
                                                                          mutual TLS
+``--metrics-port N``                    ``MILLPOND_METRICS_PORT``         serve Prometheus metrics at
+                                                                         ``http://127.0.0.1:N/metrics`` (0: a free
+                                                                         port); needs ``millpond[metrics]``
+``--metrics-address HOST``              ``MILLPOND_METRICS_ADDRESS``      listen on HOST instead of 127.0.0.1
 ``--log-level LEVEL``                   ``MILLPOND_LOG_LEVEL``            logging level (default ``INFO``)
 ``--version``                                                            print ``millpond X.Y.Z`` and exit
 ======================================  ===============================  =========================================
@@ -101,6 +105,8 @@ def cli_main(
     tls_key: Optional[str] = None,
     tls_ca: Optional[str] = None,
     max_live_keys: Optional[int] = None,
+    metrics_port: Optional[int] = None,
+    metrics_address: str = "127.0.0.1",
 ) -> None:
     """Run ``flow`` in this process with the command line's settings.
 
@@ -115,6 +121,10 @@ def cli_main(
     of a cluster, ``tls_ca`` mutual TLS (default: ``MILLPOND_TLS_*``).
     ``max_live_keys`` bounds the keyed state objects each worker keeps in
     memory (default: ``MILLPOND_MAX_LIVE_KEYS``, else no bound).
+    ``metrics_port`` serves Prometheus metrics at
+    ``http://METRICS_ADDRESS:PORT/metrics`` while the flow runs (0 picks a
+    free port; needs ``pip install 'millpond[metrics]'``, else
+    ``ImportError``; docs/operations.md).
 
     Returns when the flow's inputs are exhausted. Errors in user code raise
     :class:`millpond.errors.DataflowError`; Ctrl-C raises
@@ -147,6 +157,8 @@ def cli_main(
         recovery_config=recovery_config,
         worker_count_per_proc=workers_per_process,
         max_live_keys=max_live_keys,
+        metrics_port=metrics_port,
+        metrics_address=metrics_address,
         **tls,
     )
 
@@ -260,6 +272,16 @@ def _log_level(text: str) -> str:
     return level
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535 (0 picks a free one), got {text!r}")
+    return value
+
+
 def _nonempty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a value, got an empty string")
@@ -281,6 +303,8 @@ _ENV: List[Tuple[str, str, Callable[[str], Any]]] = [
     ("tls_cert", "MILLPOND_TLS_CERT", _nonempty),
     ("tls_key", "MILLPOND_TLS_KEY", _nonempty),
     ("tls_ca", "MILLPOND_TLS_CA", _nonempty),
+    ("metrics_port", "MILLPOND_METRICS_PORT", _port),
+    ("metrics_address", "MILLPOND_METRICS_ADDRESS", _nonempty),
 ]
 
 # The flag of each option, as error messages name it.
@@ -298,6 +322,8 @@ _FLAGS: Dict[str, str] = {
     "tls_cert": "--tls-cert",
     "tls_key": "--tls-key",
     "tls_ca": "--tls-ca",
+    "metrics_port": "--metrics-port",
+    "metrics_address": "--metrics-address",
 }
 
 # Bytewax 0.21's flags that millpond does not take, and what to use instead.
@@ -434,6 +460,17 @@ def _build_parser() -> _Parser:
         "--tls-ca", type=_nonempty, default=None, metavar="FILE",
         help="mutual TLS: the CA certificate(s) (PEM) that sign every process's certificate; each process "
         "checks the others' against it [env: MILLPOND_TLS_CA]",
+    )
+    p.add_argument(
+        "--metrics-port", type=_port, default=None, metavar="N",
+        help="serve Prometheus metrics at http://127.0.0.1:N/metrics while the flow runs (0: a free port, "
+        "logged); with -p, process i serves N+i. Needs pip install 'millpond[metrics]' "
+        "[env: MILLPOND_METRICS_PORT]",
+    )
+    p.add_argument(
+        "--metrics-address", type=_nonempty, default=None, metavar="HOST",
+        help="the address --metrics-port listens on (default 127.0.0.1, this machine only; 0.0.0.0 for "
+        "every interface) [env: MILLPOND_METRICS_ADDRESS]",
     )
     p.add_argument(
         "--log-level", type=_log_level, default=None, metavar="LEVEL",
@@ -611,6 +648,18 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
         problem = _local_state_dir_problem(Path(args.local_state_dir))
         if problem is not None:
             return _fail(f"{named('local_state_dir')}: {problem}")
+    if args.metrics_address is not None and args.metrics_port is None:
+        return _fail(f"{named('metrics_address')} needs --metrics-port N (or MILLPOND_METRICS_PORT): "
+                     "metrics are off without a port")
+    if args.metrics_port is not None:
+        if args.processes is not None and args.metrics_port and args.metrics_port + args.processes - 1 > 65535:
+            return _fail(f"{named('metrics_port')}: with -p {args.processes}, process i serves port N+i, "
+                         "which goes past 65535")
+        try:
+            import millpond.metrics  # noqa: F401 - needs the optional prometheus-client
+        except ImportError as ex:
+            logger.debug("cannot serve metrics", exc_info=True)
+            return _fail(f"{named('metrics_port')}: {ex}")
     if args.backup is not None and not args.backup.strip():
         return _fail(f"{named('backup')}: the backup is blank; pass a directory, file:///path or s3://bucket/prefix")
     if args.backup is not None and not is_backup_spec_factory(args.backup):
@@ -653,9 +702,14 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
     if args.processes is not None and args.processes > 1:
         from millpond.launch import launch_local
 
-        return launch_local(_without_processes(list(argv if argv is not None else sys.argv[1:])), args.processes)
+        child_argv = _without_processes(list(argv if argv is not None else sys.argv[1:]))
+        if args.metrics_port is not None:
+            # Every process of a -p cluster is on this machine: process i
+            # serves port N+i (given to it as MILLPOND_METRICS_PORT).
+            child_argv = _without_metrics_port(child_argv)
+        return launch_local(child_argv, args.processes, metrics_port=args.metrics_port)
 
-    from millpond.errors import ClusterError, DataflowError, RecoveryError, StateStoreError
+    from millpond.errors import ClusterError, DataflowError, MetricsError, RecoveryError, StateStoreError
 
     # SIGTERM (a service manager stopping the flow) ends the run as Ctrl-C
     # does: epochs in flight are abandoned, the stores closed cleanly.
@@ -672,6 +726,8 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
             tls_key=args.tls_key,
             tls_ca=args.tls_ca,
             max_live_keys=args.max_live_keys,
+            metrics_port=args.metrics_port,
+            metrics_address=args.metrics_address or "127.0.0.1",
         )
     except _Terminated:
         logger.debug("terminated")
@@ -696,6 +752,10 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
                 lines.append(f"  caused by {summarize(cause)}")
         sys.stderr.write("\n".join(lines) + "\n")
         return 1
+    except MetricsError as ex:
+        # Found before the flow started (the endpoint is up before it).
+        logger.debug("cannot serve metrics", exc_info=True)
+        return _fail(f"{named('metrics_port')}: {ex}")
     except ClusterError as ex:
         # One line naming the process that was lost or refused.
         logger.debug("the cluster failed", exc_info=True)
@@ -769,6 +829,24 @@ def _without_processes(argv: List[str]) -> List[str]:
             skip = True
             continue
         if arg.startswith("--processes=") or (arg.startswith("-p") and arg[2:].isdigit()):
+            continue
+        out.append(arg)
+    return out
+
+
+def _without_metrics_port(argv: List[str]) -> List[str]:
+    """``argv`` without its --metrics-port option (a -p launcher gives
+    each process its own port)."""
+    out: List[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--metrics-port":
+            skip = True
+            continue
+        if arg.startswith("--metrics-port="):
             continue
         out.append(arg)
     return out

@@ -561,6 +561,9 @@ class StateStore(_LiveState):
         #: Whether the last snapshot wrote every key with state (see
         #: :meth:`snapshot`).
         self.last_snapshot_whole = False
+        #: Rows (writes and deletions) every snapshot of this store wrote,
+        #: for the metrics endpoint.
+        self.snapshot_rows = 0
         #: When set, a snapshot that touches at least this share of the live
         #: keys snapshots the untouched ones too, so that the batch is the
         #: whole state. The recovery run sets it in batch mode, where a whole
@@ -800,6 +803,7 @@ class StateStore(_LiveState):
         written, pack_s, write_s = self._write(epoch, self._dirty, whole)
         self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
+        self.snapshot_rows += written
         # Keys written by this store stay live unless evicted (which marks
         # their step as stored), so steps first written now never need a
         # lookup on a miss.

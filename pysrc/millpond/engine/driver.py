@@ -32,6 +32,7 @@ from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
 from millpond.state import check_max_live_keys
 
 if TYPE_CHECKING:  # pragma: no cover
+    from millpond.metrics import MetricsServer
     from millpond.recovery import RecoveryConfig
 
 __all__ = ["execute", "DEFAULT_EPOCH_INTERVAL"]
@@ -99,13 +100,16 @@ def execute(
     progress: Optional[EpochProgress] = None,
     cluster: Optional[ClusterSettings] = None,
     max_live_keys: Optional[int] = None,
+    metrics: Optional["MetricsServer"] = None,
 ) -> None:
     """Run ``flow`` to the end of its input with ``worker_count`` workers
     in this process (and as many in every other process of ``cluster``).
 
     ``max_live_keys`` bounds each worker's live state objects; ``None``
     takes ``recovery_config.max_live_keys``, else the variable
-    ``MILLPOND_MAX_LIVE_KEYS``, else no bound.
+    ``MILLPOND_MAX_LIVE_KEYS``, else no bound. ``metrics``, a serving
+    :class:`~millpond.metrics.MetricsServer`, is handed the run once its
+    workers are built (the caller stops it).
 
     Returns normally at EOF and after ``TestingSource.ABORT()``; raises
     ``DataflowError`` for an exception in user code, ``ClusterError`` when
@@ -126,7 +130,9 @@ def execute(
         )
         node = ClusterNode(cluster, identity)
     try:
-        finished = _execute(plan, worker_count, interval, recovery_config, clock, progress, node, live_limit)
+        finished = _execute(
+            plan, worker_count, interval, recovery_config, clock, progress, node, live_limit, metrics
+        )
     except BaseException as ex:
         if node is not None:
             node.abort(f"{type(ex).__name__}: {ex}"[:300])
@@ -149,6 +155,7 @@ def _execute(
     progress: Optional[EpochProgress],
     node: Optional[ClusterNode],
     max_live_keys: Optional[int] = None,
+    metrics: Optional["MetricsServer"] = None,
 ) -> bool:
     """Run the epochs; True if the inputs ended (False: aborted)."""
     first = node.index * workers_here if node is not None else 0
@@ -170,6 +177,8 @@ def _execute(
         started = time.monotonic()
         for w in hosted:
             workers.append(Worker(w, total, plan, run, exchange, kgc, clock, run.resume_epoch))
+        if metrics is not None:
+            metrics.attach(run, workers, node)
         where = f" (workers {first}-{first + workers_here - 1} of {total})" if node is not None else ""
         logger.info(
             "flow %r: execution %d starts at epoch %d with %d worker(s)%s (setup %.3fs)",

@@ -16,14 +16,16 @@ re-exports both, where Bytewax users import them from).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 from millpond.dataflow import Dataflow
 from millpond.engine.cluster import ClusterSettings
 from millpond.engine.driver import execute
 
 if TYPE_CHECKING:  # pragma: no cover
+    from millpond.metrics import MetricsServer
     from millpond.recovery import RecoveryConfig
 
 __all__ = ["run_main", "cluster_main"]
@@ -35,6 +37,8 @@ def run_main(
     epoch_interval: Optional[timedelta] = None,
     recovery_config: Optional["RecoveryConfig"] = None,
     max_live_keys: Optional[int] = None,
+    metrics_port: Optional[int] = None,
+    metrics_address: str = "127.0.0.1",
 ) -> None:
     """Run ``flow`` on one worker in the calling thread until its input ends.
 
@@ -43,14 +47,43 @@ def run_main(
     ``max_live_keys`` bounds the keyed state objects kept in memory: colder
     ones are evicted to the local store (a temporary directory without
     recovery) and read back when touched; ``None`` takes the recovery
-    config's, else ``MILLPOND_MAX_LIVE_KEYS``, else no bound. Exceptions
-    from user code arrive as ``millpond.errors.DataflowError``;
-    ``ValueError`` for a flow without input or output, or a limit below 1.
+    config's, else ``MILLPOND_MAX_LIVE_KEYS``, else no bound.
+    ``metrics_port`` serves Prometheus metrics at
+    ``http://METRICS_ADDRESS:PORT/metrics`` while the flow runs (0 picks a
+    free port; the address is logged); it needs ``prometheus-client``
+    (``pip install 'millpond[metrics]'``), else ``ImportError``. See
+    docs/operations.md. Exceptions from user code arrive as
+    ``millpond.errors.DataflowError``; ``ValueError`` for a flow without
+    input or output, or a limit below 1; ``MetricsError`` when the metrics
+    address cannot be listened on.
     """
-    execute(
-        flow, worker_count=1, epoch_interval=epoch_interval, recovery_config=recovery_config,
-        max_live_keys=max_live_keys,
-    )
+    with serve_metrics(flow, metrics_port, metrics_address) as metrics:
+        execute(
+            flow, worker_count=1, epoch_interval=epoch_interval, recovery_config=recovery_config,
+            max_live_keys=max_live_keys, metrics=metrics,
+        )
+
+
+@contextmanager
+def serve_metrics(flow: Dataflow, port: Optional[int], address: str = "127.0.0.1") -> Iterator[Optional["MetricsServer"]]:
+    """Serve ``flow``'s metrics on ``address:port`` for the ``with`` block
+    (nothing, and no import of ``prometheus_client``, when ``port`` is
+    ``None``); the server is shut down when the block ends, however it
+    ends. Raises ``ImportError`` naming the extra to install when
+    ``prometheus-client`` is missing, ``ValueError``/``TypeError`` for a
+    bad port or address, ``MetricsError`` when it cannot be listened on."""
+    if port is None:
+        yield None
+        return
+    from millpond.metrics import MetricsServer
+
+    if not isinstance(flow, Dataflow):
+        raise TypeError(f"flow must be a millpond.dataflow.Dataflow, got {type(flow).__name__}")
+    server = MetricsServer(flow.flow_id, port, address)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def cluster_main(
@@ -65,6 +98,8 @@ def cluster_main(
     tls_key: Optional[str] = None,
     tls_ca: Optional[str] = None,
     max_live_keys: Optional[int] = None,
+    metrics_port: Optional[int] = None,
+    metrics_address: str = "127.0.0.1",
 ) -> None:
     """Run ``flow`` as process ``proc_id`` of a cluster, with
     ``worker_count_per_proc`` workers here.
@@ -84,7 +119,9 @@ def cluster_main(
     processes, ``tls_ca`` (``MILLPOND_TLS_CA``) mutual TLS: every process
     then needs a certificate signed by that CA (docs/cluster.md).
     ``max_live_keys`` bounds each worker's live keyed state as in
-    :func:`run_main`. Raises
+    :func:`run_main`. ``metrics_port`` and ``metrics_address`` serve this
+    process's metrics as in :func:`run_main`: every process serves its
+    own (processes that share a host need different ports). Raises
     ``ValueError`` for settings wrong in themselves (a TLS file that cannot
     be used, say), before anything starts; ``ClusterError`` when the
     cluster cannot start or a process is lost; run the whole cluster again
@@ -101,11 +138,13 @@ def cluster_main(
         settings = None
     else:
         settings = ClusterSettings.from_env(addrs, proc_id, tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca)
-    execute(
-        flow,
-        worker_count=worker_count_per_proc,
-        epoch_interval=epoch_interval,
-        recovery_config=recovery_config,
-        cluster=settings,
-        max_live_keys=max_live_keys,
-    )
+    with serve_metrics(flow, metrics_port, metrics_address) as metrics:
+        execute(
+            flow,
+            worker_count=worker_count_per_proc,
+            epoch_interval=epoch_interval,
+            recovery_config=recovery_config,
+            cluster=settings,
+            max_live_keys=max_live_keys,
+            metrics=metrics,
+        )

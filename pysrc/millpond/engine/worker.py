@@ -10,6 +10,7 @@ steps buffer what they receive and run in ``pump``, in topological order.
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional
@@ -20,6 +21,7 @@ from millpond.engine.hooks import Run
 from millpond.engine.io_steps import InputRuntime, OutputRuntime
 from millpond.engine.plan import Plan
 from millpond.engine.stateful_step import StatefulBatchRuntime
+from millpond.engine.stats import LatencyHistogram, SourceLags
 from millpond.engine.steps import (
     BranchRuntime,
     FlatMapBatchRuntime,
@@ -84,6 +86,18 @@ class Worker:
             self._ports.append([[p for _, p in d] for d in step.downs])
         self.inputs = [rt for rt in self.runtimes if isinstance(rt, InputRuntime)]
         self.stateful = [rt for rt in self.runtimes if isinstance(rt, StatefulBatchRuntime)]
+        # What the metrics endpoint reads (millpond.metrics), counted per
+        # batch: items each step emitted on each output port (what a
+        # step's readers received follows from the plan's wiring).
+        self.items_out: List[List[int]] = [[0] * len(step.downs) for step in plan.steps]
+        #: Seconds each epoch took to close on this worker: its snapshot
+        #: and the hand-off to recovery (with any wait on back-pressure).
+        self.epoch_close = LatencyHistogram()
+        #: The newest epoch this worker closed (0: none yet).
+        self.closed_epoch = 0
+        #: Source partitions' lag, sampled only while metrics are served.
+        self.source_lags = SourceLags()
+        self._snapshot_seconds = 0.0
         self.outputs = [rt for rt in self.runtimes if isinstance(rt, OutputRuntime) and rt.two_phase]
 
     # -- routing --------------------------------------------------------
@@ -101,6 +115,7 @@ class Worker:
 
     def emit(self, step: int, port: int, items: List[Any]) -> None:
         """Hand ``items`` produced on ``port`` of ``step`` to its readers."""
+        self.items_out[step][port] += len(items)
         targets = self._targets[step][port]
         ports = self._ports[step][port]
         last = len(targets) - 1
@@ -153,6 +168,10 @@ class Worker:
             if rt.poll(now):
                 emitted = True
         self._activation_done()
+        if self.source_lags.due():
+            self.source_lags.sample(
+                [(rt.step_id, sp.name, sp.part) for rt in self.inputs for sp in rt.parts if not sp.done]
+            )
         return emitted
 
     def fire_timers(self, now: datetime) -> None:
@@ -197,16 +216,22 @@ class Worker:
         The driver snapshots every worker before it closes any (see
         :meth:`close_epoch`): the recovery layer can then tell, as each
         worker closes, whether the epoch is every worker's whole state."""
+        started = time.perf_counter()
         for rt in self.runtimes:
             rt.before_snapshot()
         with self._user_snapshot(epoch):
             self.run.snapshot_epoch(self.index, epoch)
+        self._snapshot_seconds = time.perf_counter() - started
 
     def close_epoch(self, epoch: int, last: bool = False) -> None:
         """Hand the snapshotted epoch to recovery (``last``: every input
         ended, the run finishes after it)."""
+        started = time.perf_counter()
         with self._user_snapshot(epoch):
             self.run.close_epoch(self.index, epoch, last)
+        self.epoch_close.observe(self._snapshot_seconds + time.perf_counter() - started)
+        self._snapshot_seconds = 0.0
+        self.closed_epoch = epoch
 
     @contextmanager
     def _user_snapshot(self, epoch: int) -> Iterator[None]:
