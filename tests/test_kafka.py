@@ -308,6 +308,28 @@ def test_resume_continues_from_the_committed_epochs_offsets(kafka_broker, tmp_pa
     assert sorted(got) == expected(), f"{len(got)} lines, want 630"
 
 
+def test_a_resume_offset_deleted_by_retention_is_an_error_not_a_silent_jump(kafka_broker, tmp_path):
+    """The committed epoch's offset is below the partition's earliest
+    offset (records deleted since): the resumed flow must stop naming the
+    gap, not jump to the end (librdkafka's default) and skip records."""
+    from confluent_kafka import TopicPartition
+
+    kb = kafka_broker
+    topic = kb.create_topic(kb.topic_name("gone"), 1)
+    kb.produce(topic, [(None, f"a{i}", 0) for i in range(10)])
+    argv = flow_argv(imp("dump", kb.bootstrap, topic, "out.txt"), *recovery_args(tmp_path))
+    run_ok(argv, tmp_path)
+    assert len(lines_of(tmp_path / "out.txt")) == 10
+    kb.produce(topic, [(None, f"b{i}", 0) for i in range(10)])
+    futures = kb.admin().delete_records([TopicPartition(topic, 0, 15)])
+    for f in futures.values():
+        f.result(timeout=30)
+    res = run_flow(argv, tmp_path)
+    assert res.returncode != 0, res.stderr[-3000:]
+    assert "offset 10 is no longer on the broker" in res.stderr, res.stderr[-3000:]
+    assert len(lines_of(tmp_path / "out.txt")) == 10
+
+
 # --------------------------------------------------------------------------- word count
 
 WC_LINES = wc_lines(400, seed=15)   # 2000 words

@@ -28,6 +28,7 @@ Readers with ``isolation.level=read_committed`` see every record once.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -165,18 +166,40 @@ class _ExactlyOncePartition(TwoPhaseSinkPartition[KafkaSinkMessage[Any, Any], Di
         self._pending: List[Tuple[int, List[Record]]] = []
         self._prepared = False
         self._changed = resume_state is not None
-        marker_consumer = Consumer(marker_conf)
+        # Starting a transactional producer takes round trips to the
+        # transaction coordinator (seconds while it loads): the partitions
+        # of a sink start theirs side by side, in threads (librdkafka's
+        # calls release the GIL), and each waits for its own at first use.
+        self._error: Optional[BaseException] = None
+        self._starter: Optional[threading.Thread] = threading.Thread(
+            target=self._start, args=(marker_conf, resume_state), name=f"millpond-kafka-start {name}", daemon=True)
+        self._starter.start()
+
+    def _start(self, marker_conf: Dict[str, Any], resume_state: Optional[Dict[str, Any]]) -> None:
         try:
-            self._group = marker_consumer.consumer_group_metadata()
-            self._call("init_transactions", self._out.producer.init_transactions, TRANSACTION_TIMEOUT_SECONDS)
-            published = self._read_marker(marker_consumer)
-        finally:
-            marker_consumer.close()
-        todo = [(e, recs) for e, recs in (resume_state or {}).get("pending", []) if e > published]
-        if todo:
-            logger.info("Kafka sink %s: publishing %d records of committed epoch(s) %s that Kafka had not committed",
-                        name, sum(len(r) for _, r in todo), [e for e, _ in todo])
-            self._publish(todo)
+            marker_consumer = Consumer(marker_conf)
+            try:
+                self._group = marker_consumer.consumer_group_metadata()
+                self._call("init_transactions", self._out.producer.init_transactions, TRANSACTION_TIMEOUT_SECONDS)
+                published = self._read_marker(marker_consumer)
+            finally:
+                marker_consumer.close()
+            todo = [(e, recs) for e, recs in (resume_state or {}).get("pending", []) if e > published]
+            if todo:
+                logger.info("Kafka sink %s: publishing %d records of committed epoch(s) %s that Kafka had not "
+                            "committed", self._name, sum(len(r) for _, r in todo), [e for e, _ in todo])
+                self._publish(todo)
+        except BaseException as ex:  # noqa: BLE001 - raised again in the worker's thread
+            self._error = ex
+
+    def _ready(self) -> None:
+        """Wait until the producer started (and published what the resume
+        state held); raise what stopped it."""
+        if self._starter is not None:
+            self._starter.join()
+            self._starter = None
+        if self._error is not None:
+            raise self._error
 
     # -- Kafka calls ------------------------------------------------------
 
@@ -244,6 +267,7 @@ class _ExactlyOncePartition(TwoPhaseSinkPartition[KafkaSinkMessage[Any, Any], Di
 
     def write_batch(self, values: List[KafkaSinkMessage[Any, Any]]) -> None:
         records = _records(self._out.topic, values)
+        self._ready()
         if not self._streaming and not self._pending:
             self._call("begin", self._out.producer.begin_transaction)
             self._streaming = True
@@ -252,6 +276,7 @@ class _ExactlyOncePartition(TwoPhaseSinkPartition[KafkaSinkMessage[Any, Any], Di
         self._current.extend(records)
 
     def prepare(self, epoch: int) -> bool:
+        self._ready()
         changed = self._changed
         self._changed = False
         if not self._current:
@@ -268,6 +293,7 @@ class _ExactlyOncePartition(TwoPhaseSinkPartition[KafkaSinkMessage[Any, Any], Di
     def commit(self, epoch: int) -> None:
         if not self._pending or self._pending[0][0] > epoch:
             return
+        self._ready()
         if self._prepared:
             self._commit_open()
             self._prepared = False
@@ -288,6 +314,7 @@ class _ExactlyOncePartition(TwoPhaseSinkPartition[KafkaSinkMessage[Any, Any], Di
         return {"pending": list(self._pending)}
 
     def close(self) -> None:
+        self._ready()
         if self._streaming or self._prepared:
             # Nothing open is committed by millpond (commit came first):
             # aborting spares read_committed readers the transaction

@@ -89,13 +89,19 @@ class _KafkaPartition(StatefulSourcePartition[SourceItem, int]):
                 # The consumer is at the end: everything before its offset
                 # was delivered or was a transaction marker.
                 self._next = max(self._next, m.offset() or 0)
-            elif self._raise:
-                raise KafkaConnectorError(
-                    f"reading Kafka topic {self._topic!r} partition {self._partition} "
-                    f"at offset {self._next}: {describe(err)}"
-                )
             else:
-                append(KafkaError(describe(err), None))
+                what = describe(err)
+                if err.code() == _RdKafkaError._AUTO_OFFSET_RESET:
+                    # The offset to resume from is gone (retention deleted
+                    # it): jumping elsewhere would skip records silently.
+                    what = (f"offset {self._next} is no longer on the broker (deleted by retention?), so "
+                            f"records were lost before this flow read them; {what}")
+                if self._raise:
+                    raise KafkaConnectorError(
+                        f"reading Kafka topic {self._topic!r} partition {self._partition} "
+                        f"at offset {self._next}: {what}"
+                    )
+                append(KafkaError(f"topic {self._topic!r} partition {self._partition}: {what}", None))
         return out
 
     def next_awake(self) -> Optional[datetime]:
@@ -171,7 +177,9 @@ class KafkaSource(FixedPartitionedSource[SourceItem, int]):
             self._brokers, self._add_config,
             **{"group.id": f"millpond.{step_id}", "enable.auto.commit": False,
                "enable.auto.offset.store": False, "enable.partition.eof": True,
-               "isolation.level": "read_committed"},
+               "isolation.level": "read_committed",
+               # An offset out of range is an error, never a silent jump.
+               "auto.offset.reset": "error"},
         )
         return _KafkaPartition(conf, topic, partition, self._start, resume_state, self._tail,
                                self._batch_size, self._raise)
