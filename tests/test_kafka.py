@@ -330,6 +330,43 @@ def test_a_resume_offset_deleted_by_retention_is_an_error_not_a_silent_jump(kafk
     assert len(lines_of(tmp_path / "out.txt")) == 10
 
 
+def test_consumer_lag_per_partition_is_a_metric(kafka_broker, tmp_path, children):
+    """--metrics-port: each Kafka partition's lag (high watermark minus the
+    next offset) is scraped as millpond_source_lag and falls to 0 once the
+    slowed flow has caught up."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    kb = kafka_broker
+    topic = kb.create_topic(kb.topic_name("lag"), 2)
+    kb.produce(topic, [(None, f"v{i}", i % 2) for i in range(400)])
+    argv = flow_argv(imp("dump", kb.bootstrap, topic, "out.txt", tail=True, delay=0.005, batch_size=5),
+                     "--metrics-port", "0")
+    child = children(argv, tmp_path, tmp_path / "log")
+    child.wait_for(r"metrics at http://127\.0\.0\.1:\d+/metrics")
+    url = re.search(r"metrics at (http://127\.0\.0\.1:\d+/metrics)", child.text()).group(1)
+
+    def lags() -> Dict[str, float]:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            text = resp.read().decode()
+        return {s.labels["partition"]: s.value for fam in text_string_to_metric_families(text)
+                for s in fam.samples if s.name == "millpond_source_lag"}
+
+    seen: List[Dict[str, float]] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got = lags()
+        if got:
+            seen.append(got)
+        if len(got) == 2 and all(v == 0 for v in got.values()) and len(seen) > 1:
+            break
+        time.sleep(0.2)
+    assert seen and set(seen[-1]) == {f"{topic}-0", f"{topic}-1"}, seen[-3:]
+    assert max(v for s in seen for v in s.values()) > 0, "the lag never showed the records waiting"
+    assert all(v == 0 for v in seen[-1].values()), seen[-1]
+
+
 # --------------------------------------------------------------------------- word count
 
 WC_LINES = wc_lines(400, seed=15)   # 2000 words
