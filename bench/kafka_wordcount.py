@@ -27,7 +27,8 @@ in bytes of keys and values about the same as the input). Configurations:
              then -r DIR -s INTERVAL -b 0)
 
 Every run is its own process (``python -m millpond.run`` with this venv's
-python, ``python -m bytewax.run`` with the Bytewax venv's), ``-w 1``, with
+python, ``python -m bytewax.run`` with the Bytewax venv's), ``-w 1``
+(``--workers``), with
 the input already in the topic; the time is the process's wall clock from
 spawn to exit (interpreter start, imports, connecting, the run, the final
 commit and flush: nothing subtracted). items/s = input messages / that time.
@@ -351,6 +352,27 @@ def _proc_cpu(pid: int) -> float:
         return float("nan")
 
 
+def _tree_cpu(root: int) -> float:
+    """CPU seconds of ``root`` and its live descendants (the broker runs as
+    a JVM under a watchdog shell)."""
+    children: Dict[int, List[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        c = _proc_cpu(pid)
+        if c == c:
+            total += c
+        todo.extend(children.get(pid, []))
+    return total
+
+
 def _machine_cpu() -> Tuple[float, float]:
     """(busy, total) jiffies of the whole machine."""
     vals = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -387,7 +409,7 @@ class Bench:
             if self.args.profile:
                 self.args.profile.mkdir(parents=True, exist_ok=True)
                 cmd += ["-m", "cProfile", "-o", str(self.args.profile / f"{tag}.prof")]
-            cmd += ["-m", "millpond.run", expr, "-w", "1"]
+            cmd += ["-m", "millpond.run", expr, "-w", str(self.args.workers)]
             if interval != "default":
                 cmd += ["-s", interval]
             if config != "mp-off":
@@ -396,7 +418,7 @@ class Bench:
         else:
             assert self.bw_py is not None
             expr = f"kafka_wordcount:bw_flow({bs!r}, {self.in_topic!r}, {out_topic!r}, {'wc_' + tag!r})"
-            cmd = [str(self.bw_py), "-m", "bytewax.run", expr, "-w", "1"]
+            cmd = [str(self.bw_py), "-m", "bytewax.run", expr, "-w", str(self.args.workers)]
             if config == "bw-rec":
                 rdir = work / "recovery"
                 rdir.mkdir()
@@ -411,7 +433,7 @@ class Bench:
             self.wait_calm()
         log_path = self.logdir / f"{tag}.log"
         load = os.getloadavg()[0]
-        broker_cpu0 = _proc_cpu(self.broker.proc.pid)
+        broker_cpu0 = _tree_cpu(self.broker.proc.pid)
         m0 = _machine_cpu()
         ru0 = os.times()
         with open(log_path, "wb") as log:
@@ -427,7 +449,7 @@ class Bench:
             wall = time.perf_counter() - t0
         ru1 = os.times()
         m1 = _machine_cpu()
-        broker_cpu = _proc_cpu(self.broker.proc.pid) - broker_cpu0
+        broker_cpu = _tree_cpu(self.broker.proc.pid) - broker_cpu0
         flow_cpu = (ru1.children_user - ru0.children_user) + (ru1.children_system - ru0.children_system)
         hz = os.sysconf("SC_CLK_TCK")
         machine_busy = (m1[0] - m0[0]) / hz
@@ -456,9 +478,9 @@ class Bench:
         deadline = time.monotonic() + self.args.calm_wait
         hz = os.sysconf("SC_CLK_TCK")
         while True:
-            m0, b0 = _machine_cpu(), _proc_cpu(self.broker.proc.pid)
+            m0, b0 = _machine_cpu(), _tree_cpu(self.broker.proc.pid)
             time.sleep(2.0)
-            m1, b1 = _machine_cpu(), _proc_cpu(self.broker.proc.pid)
+            m1, b1 = _machine_cpu(), _tree_cpu(self.broker.proc.pid)
             used = ((m1[0] - m0[0]) / hz - (b1 - b0)) / 2.0
             if used < self.args.max_others or time.monotonic() >= deadline:
                 if used >= self.args.max_others:
@@ -554,6 +576,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="before each run wait up to this many seconds for a calm machine (default 60; 0: never)")
     ap.add_argument("--max-others", type=float, default=0.3,
                     help="calm: the rest of the machine (not the broker) uses fewer cores than this (default 0.3)")
+    ap.add_argument("--workers", type=int, default=1, help="-w for every run (workers per process; default 1)")
     ap.add_argument("--seed", type=int, default=15)
     ap.add_argument("--logs", type=Path, help="keep the runs' logs here (default: a temp dir, removed)")
     ap.add_argument("--profile", type=Path, help="cProfile every millpond run into DIR/<run>.prof")
@@ -592,9 +615,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"  nproc {os.cpu_count()}; load average {os.getloadavg()}; python {sys.version.split()[0]}", flush=True)
 
     results: List[Dict[str, Any]] = []
-    out: Dict[str, Any] = {"messages": n, "words": words, "distinct": len(expected), "rounds": rounds,
+    out: Dict[str, Any] = {"messages": n, "workers": args.workers, "words": words, "distinct": len(expected), "rounds": rounds,
                            "intervals": intervals, "configs": configs, "load_start": os.getloadavg(),
                            "runs": results}
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "pysrc", "tools/kafka"], cwd=REPO,
+                           capture_output=True, text=True)
+    out["git_head"] = git.stdout.strip()
+    out["git_dirty"] = dirty.stdout.split("\n") if dirty.stdout.strip() else []
+    print(f"  HEAD {out['git_head']}; uncommitted under pysrc/ and tools/kafka/: "
+          f"{', '.join(x.split()[-1] for x in out['git_dirty'] if x.strip()) or 'none'}", flush=True)
     bmod = load_broker_module()
     broker = bmod.Broker(heap="1g")
     with tempfile.TemporaryDirectory(prefix="mp-bench-kafka-") as tmp_s:
