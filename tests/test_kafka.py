@@ -399,6 +399,28 @@ def test_wordcount_uninterrupted_exactly_once_output(kafka_broker, wc_input, tmp
     assert as_multiset(kb.read_all(dst, isolation="read_uncommitted")) == WC_EXPECTED
 
 
+def test_epochs_committed_by_millpond_but_not_by_kafka_are_published_once_on_resume(
+        kafka_broker, wc_input, tmp_path):
+    """The gap between the two commits: a first run whose every epoch
+    millpond committed and Kafka never did publishes nothing; the resumed
+    run publishes them from its snapshot, exactly once; a third run (the
+    marker now covers everything its snapshot holds) repeats nothing."""
+    kb = kafka_broker
+    dst = kb.create_topic(kb.topic_name("wcgap"), 3)
+    first = run_ok(flow_argv(imp("wordcount_kafka_never_commits", kb.bootstrap, wc_input, dst),
+                             *recovery_args(tmp_path)), tmp_path)
+    assert kb.read_all(dst) == [], first.stderr[-3000:]
+    argv = flow_argv(imp("wordcount", kb.bootstrap, wc_input, dst, name="kwc_gap"), *recovery_args(tmp_path))
+    second = run_ok(argv, tmp_path)
+    assert "that Kafka had not committed" in second.stderr, second.stderr[-3000:]
+    got = as_multiset(kb.read_all(dst))
+    assert got == WC_EXPECTED, multiset_diff(got, WC_EXPECTED)
+    third = run_ok(argv, tmp_path)
+    assert "that Kafka had not committed" not in third.stderr, third.stderr[-3000:]
+    got = as_multiset(kb.read_all(dst))
+    assert got == WC_EXPECTED, multiset_diff(got, WC_EXPECTED)
+
+
 #: The kill tests' flow: 10 ms per line, 2 lines per source batch, so an
 #: epoch of 0.5 s spans several activations and the sink gets records
 #: well before the epoch commits (a kill then lands between the two: with

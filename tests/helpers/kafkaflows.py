@@ -51,6 +51,20 @@ def wordcount(brokers: str, src: str, dst: str, exactly_once: bool = True, delay
     return flow
 
 
+def wordcount_kafka_never_commits(brokers: str, src: str, dst: str) -> Dataflow:
+    """:func:`wordcount`, exactly once, in a process where the sink never
+    hears of millpond's commits: every epoch is committed by millpond and
+    none by Kafka, as when a process dies between the two commits (its
+    open transaction is aborted when the run closes)."""
+    from millpond.connectors.kafka import sink
+
+    def never(self: Any, epoch: int) -> None:
+        return None
+
+    sink._ExactlyOncePartition.commit = never  # type: ignore[method-assign]
+    return wordcount(brokers, src, dst, name="kwc_gap")
+
+
 def dump(brokers: str, topics: Any, out: str, tail: bool = False, starting_offset: str = "earliest",
          delay: float = 0.0, batch_size: int = 10, name: str = "kdump") -> Dataflow:
     """Kafka ``topics`` -> a file, one line per record:

@@ -6,14 +6,14 @@ of the topic):
 1. The writes of an epoch go into one Kafka transaction of the
    partition's transactional producer (``transactional.id`` =
    ``millpond.<step id>.<topic>-<partition>``), and are kept in memory.
-2. At the epoch's close (:meth:`prepare`) the transaction is flushed and
-   given a marker: a transactional offset commit of the epoch number for
-   the group named after the transactional id. The epoch's records are in
-   the partition's snapshot, which millpond commits with the epoch.
-3. Once millpond has committed the epoch, the transaction is committed
-   (:meth:`commit`): records and marker become visible together. Writes of
-   the next epoch made while the transaction waits are held in memory and
-   produced in a new transaction right after it commits.
+2. At the epoch's close (:meth:`prepare`) the transaction is sealed: it
+   takes no more records. The epoch's records are in the partition's
+   snapshot, which millpond commits with the epoch.
+3. Once millpond has committed the epoch (:meth:`commit`), a background
+   job gives the transaction its marker (a transactional offset commit of
+   the epoch number for the group named after the transactional id) and
+   commits it: records and marker become visible together. Records of
+   later epochs wait in memory meanwhile, and go out right after.
 4. A resumed partition starts its producer (``init_transactions`` aborts
    whatever transaction a failed run left open and fences that run's
    producer), reads the marker, and publishes, in one transaction, the
@@ -28,6 +28,7 @@ Readers with ``isolation.level=read_committed`` see every record once.
 from __future__ import annotations
 
 import logging
+import marshal
 import threading
 import time
 import zlib
@@ -147,61 +148,63 @@ class _AtLeastOncePartition(StatefulSinkPartition[KafkaSinkMessage[Any, Any], No
         self._out.flush()
 
 
+class _Entry:
+    """A closed epoch's records, not yet published: the records to
+    produce, their marshalled form for the snapshot, and whether they are
+    in the producer's open transaction already."""
+
+    __slots__ = ("epoch", "records", "blob", "sent")
+
+    def __init__(self, epoch: int, records: List[Record], sent: bool, blob: Optional[bytes] = None) -> None:
+        self.epoch = epoch
+        self.records = records
+        # marshal, not pickle: an epoch's records are plain bytes, tuples
+        # and None, which marshal writes about ten times faster (pickle
+        # memoizes every object); format 4 is read by every Python 3.
+        self.blob = blob if blob is not None else marshal.dumps(records, 4)
+        self.sent = sent
+
+
+def _entry_from_state(epoch: int, data: Any) -> _Entry:
+    records = list(data) if isinstance(data, list) else marshal.loads(data)
+    return _Entry(epoch, records, False, data if isinstance(data, bytes) else None)
+
+
 class _ExactlyOncePartition(TwoPhaseSinkPartition[KafkaSinkMessage[Any, Any], Dict[str, Any]]):
     """A transactional producer publishing each epoch once millpond has
-    committed it (the protocol is in this module's docstring)."""
+    committed it (the protocol is in this module's docstring).
+
+    The worker's thread produces records as they come while no closed
+    epoch waits; Kafka's round trips (starting the producer, the marker,
+    committing) run in a background job, one at a time, while the worker
+    goes on and holds new records in memory. Only one thread uses the
+    producer at any time: the worker's thread touches it only when no job
+    runs."""
 
     def __init__(self, conf: Dict[str, Any], marker_conf: Dict[str, Any], topic: str, partition: int,
                  name: str, resume_state: Optional[Dict[str, Any]]) -> None:
         self._name = name
         self._marker_tp = TopicPartition(topic, partition)
         self._out = _Producing(conf, topic, partition, name)
-        # Writes of the current epoch, and whether they go to an open
-        # transaction as they come (the producer is free) or wait in
-        # memory (a prepared transaction waits for millpond's commit).
+        # Records of the running epoch; the first _current_sent of them are
+        # in the open transaction.
         self._current: List[Record] = []
-        self._streaming = False
-        # (epoch, records) prepared and not yet published, oldest first;
-        # the first is in the producer's open transaction if _prepared.
-        self._pending: List[Tuple[int, List[Record]]] = []
-        self._prepared = False
+        self._current_sent = 0
+        # Closed epochs not yet published, oldest first. Only the first can
+        # be in the open transaction (then the transaction is sealed: it
+        # takes no records of later epochs).
+        self._pending: List[_Entry] = []
+        self._open = False
+        # The newest epoch millpond committed, as far as this partition knows.
+        self._committed = 0
         self._changed = resume_state is not None
-        # Starting a transactional producer takes round trips to the
-        # transaction coordinator (seconds while it loads): the partitions
-        # of a sink start theirs side by side, in threads (librdkafka's
-        # calls release the GIL), and each waits for its own at first use.
+        self._job: Optional[threading.Thread] = None
+        self._job_done = 0  # pending entries the running job publishes
         self._error: Optional[BaseException] = None
-        self._starter: Optional[threading.Thread] = threading.Thread(
-            target=self._start, args=(marker_conf, resume_state), name=f"millpond-kafka-start {name}", daemon=True)
-        self._starter.start()
+        todo = [_entry_from_state(e, data) for e, data in (resume_state or {}).get("pending", [])]
+        self._run_job(self._start, marker_conf, todo)
 
-    def _start(self, marker_conf: Dict[str, Any], resume_state: Optional[Dict[str, Any]]) -> None:
-        try:
-            marker_consumer = Consumer(marker_conf)
-            try:
-                self._group = marker_consumer.consumer_group_metadata()
-                self._call("init_transactions", self._out.producer.init_transactions, TRANSACTION_TIMEOUT_SECONDS)
-                published = self._read_marker(marker_consumer)
-            finally:
-                marker_consumer.close()
-            todo = [(e, recs) for e, recs in (resume_state or {}).get("pending", []) if e > published]
-            if todo:
-                logger.info("Kafka sink %s: publishing %d records of committed epoch(s) %s that Kafka had not "
-                            "committed", self._name, sum(len(r) for _, r in todo), [e for e, _ in todo])
-                self._publish(todo)
-        except BaseException as ex:  # noqa: BLE001 - raised again in the worker's thread
-            self._error = ex
-
-    def _ready(self) -> None:
-        """Wait until the producer started (and published what the resume
-        state held); raise what stopped it."""
-        if self._starter is not None:
-            self._starter.join()
-            self._starter = None
-        if self._error is not None:
-            raise self._error
-
-    # -- Kafka calls ------------------------------------------------------
+    # -- Kafka calls (the job's thread, or the worker's when no job runs) --
 
     def _call(self, what: str, fn: Any, *args: Any) -> Any:
         """Call a transactional API, retrying what librdkafka says is
@@ -223,102 +226,147 @@ class _ExactlyOncePartition(TwoPhaseSinkPartition[KafkaSinkMessage[Any, Any], Di
                     ) from None
                 raise
 
-    def _read_marker(self, consumer: Consumer) -> int:
-        """The newest epoch whose transaction Kafka committed (0: none)."""
+    def _start(self, marker_conf: Dict[str, Any], todo: List[_Entry]) -> None:
+        """Start the producer (aborting what a failed run left open), read
+        the marker, and publish the resume state's epochs it does not cover."""
+        marker_consumer = Consumer(marker_conf)
         try:
-            got = consumer.committed([self._marker_tp], timeout=METADATA_TIMEOUT_SECONDS)
-        except KafkaException as ex:
-            raise KafkaConnectorError(f"Kafka sink {self._name}: reading its commit marker: {describe(ex)}") from None
-        offset = got[0].offset if got else -1
-        return offset if offset > 0 else 0
+            self._group = marker_consumer.consumer_group_metadata()
+            self._call("init_transactions", self._out.producer.init_transactions, TRANSACTION_TIMEOUT_SECONDS)
+            try:
+                got = marker_consumer.committed([self._marker_tp], timeout=METADATA_TIMEOUT_SECONDS)
+            except KafkaException as ex:
+                raise KafkaConnectorError(
+                    f"Kafka sink {self._name}: reading its commit marker: {describe(ex)}") from None
+        finally:
+            marker_consumer.close()
+        published = got[0].offset if got and got[0].offset > 0 else 0
+        todo = [entry for entry in todo if entry.epoch > published]
+        if todo:
+            logger.info("Kafka sink %s: publishing %d records of committed epoch(s) %s that Kafka had not "
+                        "committed", self._name, sum(len(e.records) for e in todo), [e.epoch for e in todo])
+            self._publish(todo)
 
     def _marker(self, epoch: int) -> None:
         tp = TopicPartition(self._marker_tp.topic, self._marker_tp.partition, epoch)
         self._call("marking the transaction", self._out.producer.send_offsets_to_transaction,
                    [tp], self._group, TRANSACTION_TIMEOUT_SECONDS)
 
-    def _commit_open(self) -> None:
-        """Commit the open transaction; if Kafka aborted it (a timeout, an
-        abortable error), publish its records again in a new one."""
+    def _publish(self, entries: List[_Entry]) -> None:
+        """Publish ``entries`` (epochs millpond committed): the first may be
+        in the open transaction already; the others go into it, or into a
+        new one. One marker, of the last epoch, and one commit."""
+        producer = self._out.producer
+        if not entries[0].sent:
+            self._call("begin", producer.begin_transaction)
+        for entry in entries:
+            if not entry.sent:
+                self._out.produce(entry.records)
+        self._marker(entries[-1].epoch)
         try:
-            self._call("commit", self._out.producer.commit_transaction, TRANSACTION_TIMEOUT_SECONDS)
+            self._call("commit", producer.commit_transaction, TRANSACTION_TIMEOUT_SECONDS)
         except KafkaException as ex:
             err = ex.args[0] if ex.args else None
             if err is None or not err.txn_requires_abort():
                 raise KafkaConnectorError(f"Kafka sink {self._name}: commit failed: {describe(ex)}") from None
+            # Kafka aborted it (a timeout, an abortable error): the records
+            # are still here, so they go out again in a new transaction.
             logger.warning("Kafka sink %s: the transaction was aborted (%s); writing it again",
                            self._name, describe(ex))
-            self._call("abort", self._out.producer.abort_transaction, TRANSACTION_TIMEOUT_SECONDS)
+            self._call("abort", producer.abort_transaction, TRANSACTION_TIMEOUT_SECONDS)
             self._out.failed = None
-            self._publish(self._pending[:1])
+            for entry in entries:
+                entry.sent = False
+            self._publish(entries)
 
-    def _publish(self, entries: List[Tuple[int, List[Record]]]) -> None:
-        """Write ``entries`` (epochs millpond committed) in one transaction
-        with the marker of the last, and commit it."""
-        producer = self._out.producer
-        self._call("begin", producer.begin_transaction)
-        for _epoch, records in entries:
-            self._out.produce(records)
-        self._marker(entries[-1][0])
-        self._out.flush()
-        self._call("commit", producer.commit_transaction, TRANSACTION_TIMEOUT_SECONDS)
+    # -- the background job ------------------------------------------------
+
+    def _run_job(self, fn: Any, *args: Any) -> None:
+        def job() -> None:
+            try:
+                fn(*args)
+            except BaseException as ex:  # noqa: BLE001 - raised again in the worker's thread
+                self._error = ex
+
+        self._job = threading.Thread(target=job, name=f"millpond-kafka {self._name}", daemon=True)
+        self._job.start()
+
+    def _collect(self, wait: bool = False) -> bool:
+        """Take the end of a finished job (raising what failed it); False
+        while one still runs."""
+        job = self._job
+        if job is None:
+            return True
+        if wait:
+            job.join()
+        elif job.is_alive():
+            return False
+        self._job = None
+        if self._error is not None:
+            raise self._error
+        if self._job_done:
+            del self._pending[:self._job_done]
+            self._job_done = 0
+            self._open = False
+            self._changed = True
+        return True
+
+    def _step(self, wait: bool = False) -> None:
+        """The worker's turn: collect a finished job; then publish the
+        epochs committed meanwhile (in a new job), or stream the running
+        epoch's records into a transaction if no closed epoch waits."""
+        if not self._collect(wait):
+            return
+        ready = 0
+        while ready < len(self._pending) and self._pending[ready].epoch <= self._committed:
+            ready += 1
+        if ready:
+            self._job_done = ready
+            self._run_job(self._publish, self._pending[:ready])
+            return
+        if not self._pending and self._current_sent < len(self._current):
+            if not self._open:
+                self._call("begin", self._out.producer.begin_transaction)
+                self._open = True
+            self._out.produce(self._current[self._current_sent:])
+            self._current_sent = len(self._current)
 
     # -- the partition protocol -------------------------------------------
 
     def write_batch(self, values: List[KafkaSinkMessage[Any, Any]]) -> None:
-        records = _records(self._out.topic, values)
-        self._ready()
-        if not self._streaming and not self._pending:
-            self._call("begin", self._out.producer.begin_transaction)
-            self._streaming = True
-        if self._streaming:
-            self._out.produce(records)
-        self._current.extend(records)
+        self._current.extend(_records(self._out.topic, values))
+        self._step()
 
     def prepare(self, epoch: int) -> bool:
-        self._ready()
         changed = self._changed
         self._changed = False
-        if not self._current:
-            return changed
-        records, self._current = self._current, []
-        if self._streaming:
-            self._marker(epoch)
-            self._out.flush()
-            self._streaming = False
-            self._prepared = True
-        self._pending.append((epoch, records))
-        return True
+        if self._current:
+            sent = self._current_sent == len(self._current)
+            self._pending.append(_Entry(epoch, self._current, sent))
+            self._current = []
+            self._current_sent = 0
+            changed = True
+        self._step()
+        return changed
 
     def commit(self, epoch: int) -> None:
-        if not self._pending or self._pending[0][0] > epoch:
-            return
-        self._ready()
-        if self._prepared:
-            self._commit_open()
-            self._prepared = False
-            self._pending.pop(0)
-        ready = [p for p in self._pending if p[0] <= epoch]
-        if ready:
-            self._publish(ready)
-            del self._pending[:len(ready)]
-        self._changed = True
-        if self._current and not self._pending:
-            # Writes of the running epoch waited in memory: they go into a
-            # new transaction now, and the next ones stream into it.
-            self._call("begin", self._out.producer.begin_transaction)
-            self._streaming = True
-            self._out.produce(self._current)
+        self._committed = max(self._committed, epoch)
+        self._step()
 
     def snapshot(self) -> Dict[str, Any]:
-        return {"pending": list(self._pending)}
+        return {"pending": [(entry.epoch, entry.blob) for entry in self._pending]}
 
     def close(self) -> None:
-        self._ready()
-        if self._streaming or self._prepared:
-            # Nothing open is committed by millpond (commit came first):
-            # aborting spares read_committed readers the transaction
-            # timeout; a resume would abort it anyway.
+        # Publish what is committed and waits (the run's last epochs).
+        while True:
+            self._collect(wait=True)
+            if not self._pending or self._pending[0].epoch > self._committed:
+                break
+            self._step()
+        if self._open:
+            # Nothing open is committed by millpond: aborting spares
+            # read_committed readers the transaction timeout; a resume
+            # would abort it anyway.
             try:
                 self._out.producer.abort_transaction(TRANSACTION_TIMEOUT_SECONDS)
             except KafkaException as ex:
