@@ -44,19 +44,16 @@ E = TypeVar("E")
 
 
 @dataclass(frozen=True)
-class KafkaSourceOut(Generic[T, E]):
-    """The two streams of :func:`input`: records, and read errors."""
-
-    oks: Stream[T]
-    errs: Stream[E]
-
-
-@dataclass(frozen=True)
 class KafkaOpOut(Generic[T, E]):
-    """The two streams of a conversion: converted records, and errors."""
+    """The two streams of :func:`input` or of a conversion: the records,
+    and the errors."""
 
     oks: Stream[T]
     errs: Stream[E]
+
+
+#: The name Bytewax gives :func:`input`'s two streams.
+KafkaSourceOut = KafkaOpOut
 
 
 def _is_ok(item: Any) -> bool:
