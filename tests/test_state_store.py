@@ -1141,3 +1141,31 @@ def test_ints_none_and_bools_pickled_in_c_load_back_exactly(tmp_path):
 def test_any_int_state_survives_a_snapshot(tmp_path_factory, values):
     got = _roundtrip(tmp_path_factory.mktemp("ints"), values)
     assert got == values and [type(v) for v in got] == [type(v) for v in values]
+
+
+def test_state_pickles_of_aware_datetimes_are_the_bytes_plain_python_makes():
+    """millpond registers a faster reducer for datetime.timezone (state.py);
+    it must not change a single byte of any pickle, at any protocol."""
+    import copyreg
+    import subprocess
+    import sys
+    from datetime import timezone
+
+    import millpond.state  # noqa: F401  (registers the reducer)
+
+    assert timezone in copyreg.dispatch_table
+    code = (
+        "import pickle, sys\n"
+        "from datetime import datetime, timedelta, timezone\n"
+        "objs = [timezone.utc, timezone(timedelta(hours=2)), timezone(timedelta(hours=-3, minutes=-30), 'X'),\n"
+        "        datetime(2024, 3, 1, 0, 8, 56, 140000, tzinfo=timezone.utc),\n"
+        "        (1, datetime(2024, 3, 1, tzinfo=timezone(timedelta(hours=5), 'Y')), [timezone.utc] * 3)]\n"
+        "if sys.argv[1] == 'millpond':\n"
+        "    import millpond.state\n"
+        "sys.stdout.write(repr([pickle.dumps(o, p) for p in range(6) for o in objs]))\n"
+    )
+    plain, with_millpond = (
+        subprocess.run([sys.executable, "-c", code, which], capture_output=True, text=True, check=True).stdout
+        for which in ("plain", "millpond")
+    )
+    assert plain == with_millpond
