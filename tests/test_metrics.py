@@ -194,6 +194,9 @@ def test_scrape_during_a_run_counters_move_and_parse(tmp_path):
     assert value(second, "millpond_commit_backpressure_seconds_total", flow=flow_id) >= 0
     # State and resume.
     assert value(second, "millpond_live_keys", **w) == 5  # the counts of k0..k4 (positions are not keyed state)
+    store_dir = tmp_path / "state" / flow_id / "worker-0000"
+    assert 0 < value(second, "millpond_local_store_bytes", **w) <= 2 * sum(
+        f.stat().st_size for f in store_dir.iterdir() if f.is_file()) + 10**6
     assert value(second, "millpond_resume_info", flow=flow_id, worker="0", kind="fresh") == 1
     assert value(second, "millpond_resume_seconds", flow=flow_id) > 0
     # The source lag: the items each partition has left, going down.
@@ -208,6 +211,29 @@ def test_scrape_during_a_run_counters_move_and_parse(tmp_path):
     # ... and nothing listens once the run is over.
     assert refused("127.0.0.1", port)
     assert len(out) >= src_out, "the flow wrote a count per item"
+
+
+def test_live_key_limit_counters_move(tmp_path):
+    """With --max-live-keys below the keys in use, evictions and the
+    multi-gets that read keys back (and so their batch sizes) show."""
+    stop = threading.Event()
+    flow = metricsflows.get_flow(total=10**6, delay=0.002, stop=stop, out=[])
+    run = RunInThread(flow, epoch_interval=timedelta(seconds=0.1),
+                      recovery_config=RecoveryConfig(tmp_path / "state"), metrics_port=0, max_live_keys=2)
+    try:
+        url = run.url()
+        w = {"flow": "metrics_flow", "worker": "0"}
+        wait_for(lambda: total(scrape(url)[0], "millpond_hydrations_total", **w) >= 3)
+        samples, types = scrape(url)
+    finally:
+        stop.set()
+        run.join()
+    assert types["millpond_hydrations"] == "counter"
+    assert value(samples, "millpond_live_keys_limit", **w) == 2
+    assert value(samples, "millpond_evicted_keys_total", **w) > 0
+    calls = value(samples, "millpond_hydrations_total", **w)
+    assert calls >= 3 and value(samples, "millpond_hydrated_keys_total", **w) > 0
+    assert value(samples, "millpond_local_store_bytes", **w) > 0
 
 
 def test_resume_kind_after_a_restart(tmp_path):

@@ -18,8 +18,10 @@ metric names and what to alert on are in docs/operations.md.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
+from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -69,6 +71,23 @@ def _url(host: str, port: int) -> str:
 #: :meth:`MetricsServer.stop`).
 _POLL_SECONDS = 0.5
 
+
+
+def _dir_bytes(directory: Path) -> int:
+    """Bytes of the files in ``directory`` (a worker's local store: the
+    database, its write-ahead log, generations being written)."""
+    total = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except OSError:  # removed while counting
+                    pass
+    except OSError:
+        return 0
+    return total
 
 class _Server(ThreadingMixIn, WSGIServer):
     """A thread per request, none of which holds up the end of the run."""
@@ -238,6 +257,10 @@ class RunCollector(Collector):
                            ["flow", "worker"])
         hydrated = _counter("millpond_hydrated_keys", "Evicted keyed state objects read back from the local store.",
                             ["flow", "worker"])
+        hydrations = _counter("millpond_hydrations", "Multi-gets that read evicted keyed state back "
+                              "(millpond_hydrated_keys / this: the keys per batch).", ["flow", "worker"])
+        local_bytes = _gauge("millpond_local_store_bytes", "Bytes of this worker's local store on disk "
+                             "(its files, write-ahead log included).", ["flow", "worker"])
         lag = _gauge("millpond_source_lag", "How far a source partition is behind its source, as its lag() "
                      "reports it (Kafka: messages between the partition's high watermark and the next offset).",
                      ["flow", "step", "partition"])
@@ -270,11 +293,17 @@ class RunCollector(Collector):
                 if stats is not None:
                     evicted.add_metric([flow, wl], stats.evicted)
                     hydrated.add_metric([flow, wl], stats.hydrated)
+                    hydrations.add_metric([flow, wl], stats.hydrate_calls)
+            path = getattr(store, "path", None)
+            if path is not None:
+                local_bytes.add_metric([flow, wl], _dir_bytes(path.parent))
             for (step_id, name), value in w.source_lags.values.items():
                 lag.add_metric([flow, step_id, name], value)
         yield from (items_in, items_out, epoch, closed, close_s, live)
         if limit.samples:
-            yield from (limit, evicted, hydrated)
+            yield from (limit, evicted, hydrated, hydrations)
+        if local_bytes.samples:
+            yield local_bytes
         if lag.samples:
             yield lag
 
