@@ -18,10 +18,8 @@ metric names and what to alert on are in docs/operations.md.
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import threading
-from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Type
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -37,6 +35,7 @@ except ImportError as _missing:  # pragma: no cover - exercised in a subprocess 
         "pip install 'millpond[metrics]'"
     ) from _missing
 
+from millpond.engine.stats import dir_bytes
 from millpond.errors import MetricsError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -72,22 +71,6 @@ def _url(host: str, port: int) -> str:
 _POLL_SECONDS = 0.5
 
 
-
-def _dir_bytes(directory: Path) -> int:
-    """Bytes of the files in ``directory`` (a worker's local store: the
-    database, its write-ahead log, generations being written)."""
-    total = 0
-    try:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                try:
-                    if entry.is_file(follow_symlinks=False):
-                        total += entry.stat(follow_symlinks=False).st_size
-                except OSError:  # removed while counting
-                    pass
-    except OSError:
-        return 0
-    return total
 
 class _Server(ThreadingMixIn, WSGIServer):
     """A thread per request, none of which holds up the end of the run."""
@@ -296,7 +279,7 @@ class RunCollector(Collector):
                     hydrations.add_metric([flow, wl], stats.hydrate_calls)
             path = getattr(store, "path", None)
             if path is not None:
-                local_bytes.add_metric([flow, wl], _dir_bytes(path.parent))
+                local_bytes.add_metric([flow, wl], dir_bytes(path.parent))
             for (step_id, name), value in w.source_lags.values.items():
                 lag.add_metric([flow, step_id, name], value)
         yield from (items_in, items_out, epoch, closed, close_s, live)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
-__all__ = ["LatencyHistogram", "SourceLags", "EPOCH_CLOSE_BOUNDS"]
+__all__ = ["LatencyHistogram", "SourceLags", "EPOCH_CLOSE_BOUNDS", "dir_bytes"]
 
 logger = logging.getLogger("millpond")
 
@@ -120,3 +122,21 @@ class SourceLags:
                 values[where] = float(value)
         # One assignment: a reader sees the old or the new figures whole.
         self.values = values
+
+
+def dir_bytes(directory: Path) -> int:
+    """Bytes of the files in ``directory`` (a worker's local store: the
+    database, its write-ahead log, generations being written); 0 if it
+    is gone."""
+    total = 0
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except OSError:  # removed while counting
+                    pass
+    except OSError:
+        return 0
+    return total

@@ -21,7 +21,7 @@ from millpond.engine.hooks import Run
 from millpond.engine.io_steps import InputRuntime, OutputRuntime
 from millpond.engine.plan import Plan
 from millpond.engine.stateful_step import StatefulBatchRuntime
-from millpond.engine.stats import LatencyHistogram, SourceLags
+from millpond.engine.stats import LatencyHistogram, SourceLags, dir_bytes
 from millpond.engine.steps import (
     BranchRuntime,
     FlatMapBatchRuntime,
@@ -152,11 +152,14 @@ class Worker:
         if limit is None or stats is None:
             return
         calls = stats.hydrate_calls
+        path = getattr(self.store, "path", None)
         logger.info(
             "worker %d: %d live keys (limit %d); evicted %d keys in %d batches (%d written first, "
-            "%d back before the next batch); hydrated %d keys in %d multi-gets (%.1f per call), %d single reads",
+            "%d back before the next batch); hydrated %d keys in %d multi-gets (%.1f per call), %d single reads; "
+            "local store %d bytes",
             self.index, self.store.evictable_count(), limit, stats.evicted, stats.evictions, stats.spilled,
             stats.victims_back, stats.hydrated, calls, stats.hydrated / calls if calls else 0.0, stats.single_gets,
+            dir_bytes(path.parent) if path is not None else 0,
         )
 
     # -- scheduling -----------------------------------------------------
