@@ -622,6 +622,13 @@ func TestClusterCompaction(t *testing.T) {
 	procs, _ := h.start(3, 1, false, small)
 	h.mustEpochs(procs, 1, 8, g)
 	require.Eventually(t, func() bool { return procs[0].run.Metrics().Compactions > 0 }, waitFor, tick)
+	// Let the compaction that the last commits started end before the run
+	// does: a round still waiting on the followers at Finish is given up,
+	// and a follower may then upload its part after the leader's last GC
+	// (the next run's GC collects it), which the check for garbage below
+	// would count.
+	require.Eventually(t, func() bool { return procs[0].run.Committed() == 8 }, waitFor, tick)
+	awaitCompactionsSettled(t, procs[0].run)
 	h.finish(procs)
 	assert.Positive(t, procs[1].run.Metrics().Compactions)
 	assert.Positive(t, procs[2].run.Metrics().Compactions)
@@ -649,6 +656,21 @@ func TestClusterCompaction(t *testing.T) {
 	procs, _ = h.start(2, 2, false)
 	requireModel(t, h.hist.at[10], clusterState(t, procs, h.kgc))
 	h.finish(procs)
+}
+
+// awaitCompactionsSettled waits until the leader r has been out of any
+// compaction round, with its compaction count unchanged, for 300 ms.
+func awaitCompactionsSettled(t *testing.T, r *durable.Run) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	quietSince, count := time.Now(), r.Metrics().Compactions
+	for time.Since(quietSince) < 300*time.Millisecond {
+		require.True(t, time.Now().Before(deadline), "compactions did not settle within %s", waitFor)
+		if n := r.Metrics().Compactions; durable.CompactionRunning(r) || n != count {
+			quietSince, count = time.Now(), n
+		}
+		time.Sleep(tick)
+	}
 }
 
 // A follower's committed object that the backup lost is rebuilt by a

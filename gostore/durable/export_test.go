@@ -76,3 +76,11 @@ func Uncompress(ctx context.Context, b backup.Backup, flow string, k Key) (int, 
 	}
 	return len(done), nil
 }
+
+// CompactionRunning reports whether the leader r is in a compaction round
+// (from its request to the followers to its record), for tests.
+func CompactionRunning(r *Run) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.round != nil
+}
