@@ -262,6 +262,10 @@ class _ExactlyOncePartition(TwoPhaseSinkPartition[KafkaSinkMessage[Any, Any], Di
         for entry in entries:
             if not entry.sent:
                 self._out.produce(entry.records)
+        # Every record delivered first: a write the broker refused (no
+        # permission, too large) is reported as what it is, not as the
+        # transaction's broken state that the marker or commit would meet.
+        self._out.flush()
         self._marker(entries[-1].epoch)
         try:
             self._call("commit", producer.commit_transaction, TRANSACTION_TIMEOUT_SECONDS)
