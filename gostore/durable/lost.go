@@ -55,6 +55,13 @@ func checkLocalCommits(ctx context.Context, cfg Config, st State) error {
 	if seen <= st.Commit.Epoch {
 		return nil
 	}
+	// A run of the flow may be committing right now (a racing start, which
+	// the stores' locks and the execution fence refuse later): its commit
+	// can land between the read of the backup and that of the local
+	// stores. The backup is read again before it is called lost.
+	if again, err := ReadState(ctx, cfg.Backup, cfg.FlowID, cfg.Key); err == nil && again.Commit.Epoch >= seen {
+		return nil
+	}
 	has := "no commit at all"
 	if st.Commit.Epoch > 0 {
 		has = fmt.Sprintf("epoch %d as its newest commit", st.Commit.Epoch)
