@@ -63,6 +63,7 @@ venv imports it too (``kafka_wordcount:bw_flow(...)``).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -79,7 +80,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-BW_VERSION = "0.21.1"
 BW_VENV_DEFAULT = Path("/work/bench-venvs/bytewax")
 PARTITIONS = 6
 VOCAB = 10_000
@@ -305,35 +305,26 @@ def verify(got: Dict[str, Any], expected: Counter, exact: bool) -> Tuple[bool, s
 
 
 def ensure_bytewax(venv: Path) -> Tuple[Optional[Path], str]:
-    """(python of the Bytewax venv, "") or (None, why it is unavailable). As
-    bench/cluster_scaling.py, plus confluent-kafka for its Kafka connector."""
-    py = venv / "bin" / "python"
-    check = [str(py), "-c", "import importlib.metadata as m; print(m.version('bytewax'))"]
-    ok = False
-    if py.exists():
-        r = subprocess.run(check, capture_output=True, text=True)
-        ok = r.returncode == 0 and r.stdout.strip() == BW_VERSION
-    if not ok:
-        print(f"creating {venv} with bytewax=={BW_VERSION} from PyPI ...", flush=True)
-        base_py = getattr(sys, "_base_executable", None) or "python3"
-        for cmd in ([base_py, "-m", "venv", str(venv)],
-                    [str(venv / "bin" / "pip"), "install", "--quiet", f"bytewax=={BW_VERSION}"]):
-            r = subprocess.run(cmd, capture_output=True, text=True)
-            if r.returncode != 0:
-                return None, f"{' '.join(cmd)} failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-500:]}"
-        r = subprocess.run(check, capture_output=True, text=True)
-        if r.returncode != 0 or r.stdout.strip() != BW_VERSION:
-            return None, f"bytewax {BW_VERSION} not importable after install: {r.stderr.strip()[-500:]}"
+    """(python of the Bytewax venv, "") or (None, why it is unavailable):
+    bench/cluster_scaling.py's venv, plus confluent-kafka for Bytewax's
+    Kafka connector."""
+    # Loaded by path here, not at the top: millpond.run also loads this
+    # file as a flow module, where bench/ is not importable.
+    spec = importlib.util.spec_from_file_location("mp_bench_cluster_scaling", HERE / "cluster_scaling.py")
+    assert spec is not None and spec.loader is not None
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    py, why = scaling.ensure_bytewax(venv)
+    if py is None:
+        return None, why
     r = subprocess.run([str(py), "-c", "import confluent_kafka"], capture_output=True, text=True)
     if r.returncode != 0:
         try:
-            import importlib.metadata
-
-            spec = f"confluent-kafka=={importlib.metadata.version('confluent-kafka')}"
+            pkg = f"confluent-kafka=={importlib.metadata.version('confluent-kafka')}"
         except importlib.metadata.PackageNotFoundError:
-            spec = "confluent-kafka"
-        print(f"installing {spec} into {venv} (Bytewax's Kafka connector needs it) ...", flush=True)
-        cmd = [str(venv / "bin" / "pip"), "install", "--quiet", spec]
+            pkg = "confluent-kafka"
+        print(f"installing {pkg} into {venv} (Bytewax's Kafka connector needs it) ...", flush=True)
+        cmd = [str(venv / "bin" / "pip"), "install", "--quiet", pkg]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             return None, f"{' '.join(cmd)} failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-500:]}"
