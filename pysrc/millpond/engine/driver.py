@@ -207,12 +207,13 @@ def _execute(
             run.finish(aborted)
             # Every closed epoch is committed now: two-phase sinks publish
             # the last ones before their partitions close.
-            if loop is not None and not aborted:
-                loop.publish_commits(force=True)
-            elif loop is not None:
+            if loop is not None:
                 try:
                     loop.publish_commits(force=True)
-                except Exception:  # the run already fails or aborts
+                except Exception:
+                    if not aborted:
+                        raise
+                    # The run already fails or aborts: that error stands.
                     logger.warning("publishing committed epochs after the run stopped failed", exc_info=True)
             if not aborted:
                 closed = True

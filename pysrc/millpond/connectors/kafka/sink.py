@@ -435,6 +435,5 @@ class KafkaSink(FixedPartitionedSink[KafkaSinkMessage[Any, Any], Any]):
         marker_conf = client_config(self._brokers, self._add_config,
                                     **{"group.id": txn_id, "enable.auto.commit": False,
                                        "isolation.level": "read_committed"})
-        for drop in ("transactional.id",):
-            marker_conf.pop(drop, None)
+        marker_conf.pop("transactional.id", None)  # from add_config: a consumer takes none
         return _ExactlyOncePartition(conf, marker_conf, self._topic, partition, name, resume_state)
