@@ -219,7 +219,7 @@ func mp_run_committed_epoch(h C.uintptr_t, epoch *C.longlong, errKind *C.int, er
 	if err != nil {
 		return setErr(err, errKind, errMsg)
 	}
-	*epoch = C.longlong(run.CommittedEpoch())
+	*epoch = C.longlong(run.Committed())
 	return 0
 }
 

@@ -121,15 +121,6 @@ func (r *Run) Metrics() Metrics {
 	return m
 }
 
-// CommittedEpoch returns the newest epoch this process knows committed: a
-// cheap read for callers that poll it (sinks that publish an epoch's
-// output only once it is committed), where Metrics copies every figure.
-func (r *Run) CommittedEpoch() int64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.committed
-}
-
 // Percentile returns the p-th percentile (0-100) of xs, 0 if empty.
 func Percentile(xs []float64, p float64) float64 {
 	if len(xs) == 0 {
