@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/millpond/millpond/gostore/backup"
+	"golang.org/x/sys/unix"
 )
 
 // ErrBackup is matched (errors.Is) by errors of the backup itself
@@ -173,12 +174,8 @@ func processAlive(pid int) bool {
 // so a process killed while it is in use leaves nothing behind; path
 // opens it (through /proc/self/fd) for as long as the file stays open.
 func unlinkedFile(data []byte) (f *os.File, path string, err error) {
-	f, err = os.CreateTemp("", recordTempPrefix)
+	f, err = nameless()
 	if err != nil {
-		return nil, "", err
-	}
-	if err := os.Remove(f.Name()); err != nil {
-		f.Close()
 		return nil, "", err
 	}
 	if _, err := f.Write(data); err != nil {
@@ -191,6 +188,27 @@ func unlinkedFile(data []byte) (f *os.File, path string, err error) {
 		return nil, "", fmt.Errorf("no /proc/self/fd to hand a record to the backup: %w", err)
 	}
 	return f, path, nil
+}
+
+// nameless opens a temporary file that never has a name (O_TMPFILE), so
+// no kill can leave it behind. Where the file system cannot do that, the
+// file gets a name with the pid (which recordTempDir's sweep removes once
+// the process is gone) and loses it at once.
+func nameless() (*os.File, error) {
+	dir := os.TempDir()
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err == nil {
+		return os.NewFile(uintptr(fd), filepath.Join(dir, recordTempPrefix+"nameless")), nil
+	}
+	f, err := os.CreateTemp(dir, fmt.Sprintf("%s%d-file-", recordTempPrefix, os.Getpid()))
+	if err != nil {
+		return nil, fmt.Errorf("temporary file in %s: %w", dir, err)
+	}
+	if err := os.Remove(f.Name()); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("unlink temporary file %s: %w", f.Name(), err)
+	}
+	return f, nil
 }
 
 // uploadBytes stores a small object; with create set, only if no object
