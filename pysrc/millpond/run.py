@@ -660,6 +660,12 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
         except ImportError as ex:
             logger.debug("cannot serve metrics", exc_info=True)
             return _fail(f"{named('metrics_port')}: {ex}")
+    from millpond.engine.pygc import young_threshold
+
+    try:
+        young_threshold()
+    except ValueError as ex:
+        return _fail(str(ex))
     if args.backup is not None and not args.backup.strip():
         return _fail(f"{named('backup')}: the backup is blank; pass a directory, file:///path or s3://bucket/prefix")
     if args.backup is not None and not is_backup_spec_factory(args.backup):

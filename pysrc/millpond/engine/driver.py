@@ -25,6 +25,7 @@ from millpond.engine.exchange import Exchange, LocalExchange
 from millpond.engine.hooks import Run, open_run
 from millpond.engine.plan import Plan, compile_plan
 from millpond.engine.cluster import ClusterExchange, ClusterNode, ClusterProgress, ClusterSettings, flow_identity
+from millpond.engine.pygc import flow_gc, young_threshold
 from millpond.engine.progress import EpochProgress, LocalProgress, SingleProcessProgress
 from millpond.engine.worker import Worker
 from millpond.errors import AbortExecution
@@ -119,6 +120,7 @@ def execute(
     plan = compile_plan(flow)
     interval = _check_interval(epoch_interval)
     live_limit = resolve_max_live_keys(max_live_keys, recovery_config)
+    gc_threshold = young_threshold()
     if not isinstance(worker_count, int) or worker_count < 1:
         raise ValueError(f"worker count must be a positive int; got {worker_count!r}")
     clock = clock or SystemClock()
@@ -130,9 +132,10 @@ def execute(
         )
         node = ClusterNode(cluster, identity)
     try:
-        finished = _execute(
-            plan, worker_count, interval, recovery_config, clock, progress, node, live_limit, metrics
-        )
+        with flow_gc(gc_threshold):
+            finished = _execute(
+                plan, worker_count, interval, recovery_config, clock, progress, node, live_limit, metrics
+            )
     except BaseException as ex:
         if node is not None:
             node.abort(f"{type(ex).__name__}: {ex}"[:300])
