@@ -5,7 +5,8 @@ the entry points), ``driver`` (:func:`execute` and the epoch loop),
 ``plan`` (the compiled graph), ``worker`` (one worker's step runtimes),
 ``steps``/``io_steps``/``stateful_step`` (the runtimes of core steps),
 ``exchange`` (worker-to-worker routing), ``progress`` (agreement on closing
-epochs), ``clock`` (time), ``hooks`` (the recovery calls the engine makes)
+epochs), ``clock`` (time), ``pygc`` (Python's garbage-collection
+thresholds while a flow runs), ``hooks`` (the recovery calls the engine makes)
 and ``recovery_run`` (those calls when recovery is on: restore, snapshot,
 commit through the Go core). ``python -m millpond.run`` and
 :mod:`millpond.testing` both run flows through here.
