@@ -153,12 +153,15 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
         return self.wake
 
     def snapshot(self) -> Any:
-        metas = self.metas
+        # List comprehensions, and no loop at all over nothing: a key's
+        # snapshot is taken every epoch it is touched, and a generator
+        # costs more than the one or two entries a key usually holds.
+        metas, windows, buffer = self.metas, self.windows, self.buffer
         return (
             _SNAPSHOT_VERSION,
             self.clock.snapshot(),
             self.windower.snapshot(),
-            tuple(
+            tuple([
                 (
                     wid,
                     to_snapshot_time(m.open_time),
@@ -166,10 +169,10 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
                     tuple(sorted(m.merged_ids)) if m.merged_ids else (),
                     logic.snapshot(),
                 )
-                for wid, logic in self.windows.items()
+                for wid, logic in windows.items()
                 for m in (metas[wid],)
-            ),
-            tuple((to_snapshot_time(ts), seq, v) for ts, seq, v in self.buffer) if self.buffer else (),
+            ]) if windows else (),
+            tuple([(to_snapshot_time(ts), seq, v) for ts, seq, v in buffer]) if buffer else (),
             self.seq,
         )
 
