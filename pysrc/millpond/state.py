@@ -42,7 +42,6 @@ from datetime import timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional, Protocol, Union, runtime_checkable
 
-from millpond import pickling
 from millpond.errors import RecoveryError, SnapshotError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
 
@@ -380,7 +379,7 @@ class _LiveState:
                 if obj is _MISSING:
                     continue
                 try:
-                    pickling.dumps(obj.snapshot(), PICKLE_PROTOCOL)
+                    pickle.dumps(obj.snapshot(), PICKLE_PROTOCOL)
                 except Exception as exc:
                     raise SnapshotError(
                         f"cannot snapshot state of step {step_id!r} key {key!r}: "
@@ -575,7 +574,6 @@ class StateStore(_LiveState):
         #: Seconds spent in the last snapshot: packing and pickling
         #: ("python") and handing the batch to the Go core ("go").
         self.last_snapshot_timing: dict[str, float] = {"python": 0.0, "go": 0.0}
-        self._dumps = pickling.snapshot_dumper(PICKLE_PROTOCOL)
         #: Whether the last snapshot wrote every key with state (see
         #: :meth:`snapshot`).
         self.last_snapshot_whole = False
@@ -777,7 +775,7 @@ class StateStore(_LiveState):
         at ``epoch`` in one call; return the rows written and the seconds
         spent packing and handing them to the core.
 
-        Each pickle allocates objects the cyclic collector tracks,
+        Each pickle.dumps allocates a pickler the cyclic collector tracks,
         so a large write would set off collections that walk the whole
         heap, for objects that are garbage at once and in no cycle:
         collection waits until the batch is packed.
@@ -788,7 +786,7 @@ class StateStore(_LiveState):
         _pygc.disable()
         try:
             written, pack_s, write_s = _core.store_snapshot(
-                handle, epoch, touched, self._live, self._dumps, PICKLE_PROTOCOL, whole
+                handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, whole
             )
         except (StateStoreError, RecoveryError):
             raise
