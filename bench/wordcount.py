@@ -28,6 +28,7 @@ Ratios are what to read: this machine is noisy and shared.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
 import shutil
@@ -210,23 +211,14 @@ def millpond_resume(n_keys: int, tmp: Path) -> dict:
 
 
 def ensure_bytewax() -> tuple[Optional[Path], str]:
-    """Return (python of the Bytewax venv, "") or (None, why it is unavailable)."""
-    py = BW_VENV / "bin" / "python"
-    check = [str(py), "-c", "import importlib.metadata as m; print(m.version('bytewax'))"]
-    if py.exists():
-        r = subprocess.run(check, capture_output=True, text=True)
-        if r.returncode == 0 and r.stdout.strip() == BW_VERSION:
-            return py, ""
-    print(f"creating {BW_VENV} with bytewax=={BW_VERSION} from PyPI ...", flush=True)
-    for cmd in ([sys.executable if not sys.prefix != sys.base_prefix else "python3", "-m", "venv", str(BW_VENV)],
-                [str(BW_VENV / "bin" / "pip"), "install", "--quiet", f"bytewax=={BW_VERSION}"]):
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            return None, f"{' '.join(cmd)} failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-500:]}"
-    r = subprocess.run(check, capture_output=True, text=True)
-    if r.returncode != 0 or r.stdout.strip() != BW_VERSION:
-        return None, f"bytewax {BW_VERSION} not importable after install: {r.stderr.strip()[-500:]}"
-    return py, ""
+    """Return (python of the Bytewax venv, "") or (None, why it is unavailable):
+    ``bench/cluster_scaling.py``'s set-up, on this script's venv."""
+    spec = importlib.util.spec_from_file_location("mp_bench_cluster_scaling", HERE / "cluster_scaling.py")
+    assert spec is not None and spec.loader is not None
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    assert scaling.BW_VERSION == BW_VERSION, (scaling.BW_VERSION, BW_VERSION)
+    return scaling.ensure_bytewax(BW_VENV)  # type: ignore[no-any-return]
 
 
 def run_bytewax(py: Path, kind: str, words_path: Path, recovery: bool, tmp: Path) -> dict:
