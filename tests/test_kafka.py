@@ -38,6 +38,7 @@ from typing import Counter, Dict, List, Optional, Sequence, Tuple
 import pytest
 
 from helpers.kafka import KafkaTestBroker, broker_module
+from helpers.mpflow import Result, run
 
 REPO = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -63,24 +64,12 @@ def recovery_args(d: Path) -> List[str]:
     return ["-d", str(d / "state"), "-b", str(d / "backup")]
 
 
-def run_flow(argv: Sequence[str], cwd: Path, timeout: float = 90) -> "subprocess.CompletedProcess[str]":
+def run_flow(argv: Sequence[str], cwd: Path, timeout: float = 90) -> Result:
     """Run a child to its end; kill it and fail if it outlives ``timeout``."""
-    proc = subprocess.Popen(list(argv), cwd=cwd, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"{' '.join(argv)} did not end within {timeout} s; stderr:\n{err[-4000:]}", pytrace=False)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
+    return run(argv, cwd, env=child_env(), timeout=timeout)
 
 
-def run_ok(argv: Sequence[str], cwd: Path, timeout: float = 90) -> "subprocess.CompletedProcess[str]":
+def run_ok(argv: Sequence[str], cwd: Path, timeout: float = 90) -> Result:
     res = run_flow(argv, cwd, timeout)
     assert res.returncode == 0, f"exit {res.returncode}; stderr:\n{res.stderr[-4000:]}"
     return res
