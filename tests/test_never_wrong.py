@@ -213,6 +213,34 @@ def test_a_bit_flipped_in_the_local_store_is_survived_exactly_or_refused(plain_b
     assert not problems, "\n".join(problems)
 
 
+def test_a_store_file_left_empty_by_a_kill_while_creating_it_is_no_damage(plain_base: Path, tmp_path: Path) -> None:
+    """A kill between creating ``store.sqlite`` and SQLite's first write
+    leaves it empty. That store holds nothing, so the next run must resume
+    fully from the backup at once, not stop with ``local store damaged``."""
+    d = copy_tree(plain_base, tmp_path / "run")
+    wdir = d / "LOCAL" / FLOW_ID / "worker-0000"
+    for p in wdir.iterdir():
+        if p.name.startswith("store."):
+            p.unlink()
+    (wdir / "store.sqlite").write_bytes(b"")
+    res = run(run_argv(), d)
+    assert res.returncode == 0, f"the rerun failed: {res}"
+    assert LOCAL_DAMAGED not in res.stderr, f"an empty store file was taken for damage: {res}"
+    assert FULL_RESUME in res.stderr, f"want a {FULL_RESUME!r}: {res}"
+    assert _out(d) == expected_output()
+    _verify_ok(d)
+
+    # The same kill in a first run, before anything was committed.
+    fresh = tmp_path / "fresh"
+    make_run_dir(fresh)
+    wdir = fresh / "LOCAL" / FLOW_ID / "worker-0000"
+    wdir.mkdir(parents=True)
+    (wdir / "store.sqlite").write_bytes(b"")
+    res = run(run_argv(), fresh)
+    assert res.returncode == 0 and LOCAL_DAMAGED not in res.stderr, f"a first run over an empty store file: {res}"
+    assert _out(fresh) == expected_output()
+
+
 def test_a_bit_flipped_in_a_committed_backup_object_is_refused_by_name(plain_base: Path, tmp_path: Path) -> None:
     """With the local store gone, a resume reads the committed objects: a
     flipped bit in one must stop the run with an error naming the object,

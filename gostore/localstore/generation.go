@@ -263,10 +263,8 @@ func settle(ctx context.Context, wdir string, resumeEpoch int64) error {
 	if keep {
 		return promote(wdir)
 	}
-	for _, name := range []string{nextFileName, nextFileName + "-wal", nextFileName + "-shm"} {
-		if err := removeFile(filepath.Join(wdir, name)); err != nil {
-			return fmt.Errorf("drop the uncommitted generation of %s: %w", wdir, err)
-		}
+	if err := removeStoreFiles(wdir, nextFileName); err != nil {
+		return fmt.Errorf("drop the uncommitted generation of %s: %w", wdir, err)
 	}
 	return nil
 }

@@ -237,3 +237,48 @@ func openRaw(t *testing.T, path string) *sql.DB {
 	db.SetMaxOpenConns(1)
 	return db
 }
+
+// A run killed between creating the store file and SQLite's first write
+// leaves it empty: that is a store never made, not a damaged one, and the
+// next run creates it without refusing or marking anything.
+func TestEmptyStoreFileLeftByAKilledCreateIsNoDamage(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		wal    []byte
+		unborn bool
+	}{
+		{name: "alone", unborn: true},
+		{name: "with an empty WAL", wal: []byte{}, unborn: true},
+		{name: "with a WAL that holds frames", wal: []byte("not empty"), unborn: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			wdir := WorkerDir(dir, "wc", 0)
+			require.NoError(t, os.MkdirAll(wdir, 0o700))
+			path := filepath.Join(wdir, FileName)
+			require.NoError(t, os.WriteFile(path, nil, 0o600))
+			if tc.wal != nil {
+				require.NoError(t, os.WriteFile(path+"-wal", tc.wal, 0o600))
+			}
+			_, err := Inspect(ctx, dir, "wc", 0)
+			if !tc.unborn {
+				require.ErrorIs(t, err, ErrDamaged)
+				_, err = Open(ctx, cfg(dir), 0)
+				require.ErrorIs(t, err, ErrDamaged)
+				return
+			}
+			require.ErrorIs(t, err, os.ErrNotExist)
+			s, err := Open(ctx, cfg(dir), 3)
+			require.NoError(t, err)
+			_, err = s.Write(ctx, rowbatch.NewBatch(3, []rowbatch.Row{put("a", "1")}, false))
+			require.NoError(t, err)
+			require.NoError(t, s.Close())
+			_, ok := Damaged(dir, "wc", 0)
+			assert.False(t, ok)
+			m, err := Inspect(ctx, dir, "wc", 0)
+			require.NoError(t, err)
+			assert.Equal(t, int64(3), m.LastEpoch)
+		})
+	}
+}

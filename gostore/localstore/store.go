@@ -221,6 +221,12 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 	}
 	var f *snapfile.File
 	var err error
+	if unborn(path) {
+		// Nothing to keep: drop it so the store is created afresh.
+		if err := removeStoreFiles(wdir, FileName); err != nil {
+			return nil, fmt.Errorf("open local store: drop the store file a killed run left empty: %w", err)
+		}
+	}
 	if _, statErr := os.Stat(path); errors.Is(statErr, os.ErrNotExist) {
 		f, err = snapfile.Create(ctx, path, want, snapfile.Options{})
 	} else {
@@ -303,6 +309,9 @@ func Inspect(ctx context.Context, dir, flowID string, worker int) (snapfile.Meta
 	path := filepath.Join(wdir, FileName)
 	if _, err := os.Stat(path); err != nil {
 		return snapfile.Meta{}, fmt.Errorf("inspect local store: %w", err)
+	}
+	if unborn(path) {
+		return snapfile.Meta{}, fmt.Errorf("inspect local store: %s was left empty by a run killed while creating it: %w", path, os.ErrNotExist)
 	}
 	if reason, bad := readMarker(wdir); bad {
 		return snapfile.Meta{}, markedError(wdir, reason)
@@ -671,4 +680,29 @@ func (s *Store) Close() error {
 		err = aerr
 	}
 	return err
+}
+
+// unborn reports whether the store file at path is one a run was killed
+// in the middle of creating. snapfile.Create makes the file empty and
+// SQLite writes its first page, directly into the file, before any row can
+// reach the WAL: an empty file with an empty or no WAL beside it holds
+// nothing, and is no damage. Anything else without a header is damage.
+func unborn(path string) bool {
+	st, err := os.Stat(path)
+	if err != nil || !st.Mode().IsRegular() || st.Size() != 0 {
+		return false
+	}
+	wal, err := os.Stat(path + "-wal")
+	return errors.Is(err, os.ErrNotExist) || (err == nil && wal.Size() == 0)
+}
+
+// removeStoreFiles removes the SQLite file name in wdir and the journals
+// SQLite keeps beside it.
+func removeStoreFiles(wdir, name string) error {
+	for _, suffix := range []string{"", "-wal", "-shm", "-journal"} {
+		if err := removeFile(filepath.Join(wdir, name+suffix)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
