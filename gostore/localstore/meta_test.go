@@ -238,19 +238,21 @@ func openRaw(t *testing.T, path string) *sql.DB {
 	return db
 }
 
-// A run killed between creating the store file and SQLite's first write
-// leaves it empty: that is a store never made, not a damaged one, and the
-// next run creates it without refusing or marking anything.
+// A run killed between creating the store file and the commit of its
+// schema leaves it empty: that is a store never made, not a damaged one,
+// and the next run creates it without refusing or marking anything.
 func TestEmptyStoreFileLeftByAKilledCreateIsNoDamage(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
-		name   string
-		wal    []byte
-		unborn bool
+		name       string
+		wal        []byte
+		schemaless bool
+		unborn     bool
 	}{
 		{name: "alone", unborn: true},
 		{name: "with an empty WAL", wal: []byte{}, unborn: true},
 		{name: "with a WAL that holds frames", wal: []byte("not empty"), unborn: false},
+		{name: "a database without tables", schemaless: true, unborn: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -258,6 +260,17 @@ func TestEmptyStoreFileLeftByAKilledCreateIsNoDamage(t *testing.T) {
 			require.NoError(t, os.MkdirAll(wdir, 0o700))
 			path := filepath.Join(wdir, FileName)
 			require.NoError(t, os.WriteFile(path, nil, 0o600))
+			if tc.schemaless {
+				// Killed after SQLite wrote the header, before the schema
+				// committed: the WAL holds no committed frame.
+				db := openRaw(t, path)
+				_, err := db.Exec(`PRAGMA journal_mode=WAL`)
+				require.NoError(t, err)
+				require.NoError(t, db.Close())
+				st, err := os.Stat(path)
+				require.NoError(t, err)
+				require.NotZero(t, st.Size(), "SQLite wrote no header")
+			}
 			if tc.wal != nil {
 				require.NoError(t, os.WriteFile(path+"-wal", tc.wal, 0o600))
 			}

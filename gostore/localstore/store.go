@@ -221,16 +221,19 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 	}
 	var f *snapfile.File
 	var err error
-	if unborn(path) {
-		// Nothing to keep: drop it so the store is created afresh.
-		if err := removeStoreFiles(wdir, FileName); err != nil {
-			return nil, fmt.Errorf("open local store: drop the store file a killed run left empty: %w", err)
-		}
-	}
 	if _, statErr := os.Stat(path); errors.Is(statErr, os.ErrNotExist) {
 		f, err = snapfile.Create(ctx, path, want, snapfile.Options{})
 	} else {
 		f, err = snapfile.Open(ctx, path, snapfile.Options{})
+		if errors.Is(err, snapfile.ErrNotSnapshotFile) {
+			if none, uerr := snapfile.Unborn(ctx, path); uerr == nil && none {
+				// A run was killed creating it; it holds nothing to keep.
+				if err := removeStoreFiles(wdir, FileName); err != nil {
+					return nil, fmt.Errorf("open local store: drop the store file %s a killed run left unfinished: %w", path, err)
+				}
+				f, err = snapfile.Create(ctx, path, want, snapfile.Options{})
+			}
+		}
 	}
 	if err != nil {
 		return nil, damaged(wdir, path, fmt.Errorf("open local store: %w", err))
@@ -310,13 +313,15 @@ func Inspect(ctx context.Context, dir, flowID string, worker int) (snapfile.Meta
 	if _, err := os.Stat(path); err != nil {
 		return snapfile.Meta{}, fmt.Errorf("inspect local store: %w", err)
 	}
-	if unborn(path) {
-		return snapfile.Meta{}, fmt.Errorf("inspect local store: %s was left empty by a run killed while creating it: %w", path, os.ErrNotExist)
-	}
 	if reason, bad := readMarker(wdir); bad {
 		return snapfile.Meta{}, markedError(wdir, reason)
 	}
 	f, err := snapfile.Open(ctx, path, snapfile.Options{})
+	if errors.Is(err, snapfile.ErrNotSnapshotFile) {
+		if none, uerr := snapfile.Unborn(ctx, path); uerr == nil && none {
+			return snapfile.Meta{}, fmt.Errorf("inspect local store: %s was left unfinished by a run killed while creating it: %w", path, os.ErrNotExist)
+		}
+	}
 	if err != nil {
 		return snapfile.Meta{}, damaged(wdir, path, fmt.Errorf("inspect local store: %w", err))
 	}
@@ -680,20 +685,6 @@ func (s *Store) Close() error {
 		err = aerr
 	}
 	return err
-}
-
-// unborn reports whether the store file at path is one a run was killed
-// in the middle of creating. snapfile.Create makes the file empty and
-// SQLite writes its first page, directly into the file, before any row can
-// reach the WAL: an empty file with an empty or no WAL beside it holds
-// nothing, and is no damage. Anything else without a header is damage.
-func unborn(path string) bool {
-	st, err := os.Stat(path)
-	if err != nil || !st.Mode().IsRegular() || st.Size() != 0 {
-		return false
-	}
-	wal, err := os.Stat(path + "-wal")
-	return errors.Is(err, os.ErrNotExist) || (err == nil && wal.Size() == 0)
 }
 
 // removeStoreFiles removes the SQLite file name in wdir and the journals
