@@ -74,6 +74,8 @@ DEFAULT_BITFLIP_SEEDS = 12
 RESUME_LINE = "resume flow"
 EXECUTION_RE = re.compile(r"execution (\d+)")
 TEMP_RECORD_GLOB = "mp-record-*"
+#: The name a new local store is made under until its schema commits.
+STORE_CREATING = "store.creating.sqlite"
 
 KEY = "a-test-key-0123456789abcdef"
 COMMITS_BEFORE_KILL = 18  # epochs, of 30-40: late enough that a rerun is short
@@ -213,31 +215,33 @@ def test_a_bit_flipped_in_the_local_store_is_survived_exactly_or_refused(plain_b
     assert not problems, "\n".join(problems)
 
 
-def test_a_store_file_left_empty_by_a_kill_while_creating_it_is_no_damage(plain_base: Path, tmp_path: Path) -> None:
-    """A kill between creating ``store.sqlite`` and SQLite's first write
-    leaves it empty. That store holds nothing, so the next run must resume
-    fully from the backup at once, not stop with ``local store damaged``."""
+def test_a_store_half_made_by_a_kill_is_made_again(plain_base: Path, tmp_path: Path) -> None:
+    """A new local store is made under a temporary name and renamed into
+    place once its schema has committed. A kill while making it (on a fresh
+    disk after commits, or in a first run) leaves that temporary file,
+    empty: the next run removes it and goes on, from the backup or from
+    nothing, never stopping with ``local store damaged``."""
     d = copy_tree(plain_base, tmp_path / "run")
     wdir = d / "LOCAL" / FLOW_ID / "worker-0000"
     for p in wdir.iterdir():
         if p.name.startswith("store."):
             p.unlink()
-    (wdir / "store.sqlite").write_bytes(b"")
+    (wdir / STORE_CREATING).write_bytes(b"")
     res = run(run_argv(), d)
     assert res.returncode == 0, f"the rerun failed: {res}"
-    assert LOCAL_DAMAGED not in res.stderr, f"an empty store file was taken for damage: {res}"
+    assert LOCAL_DAMAGED not in res.stderr, f"a half-made store was taken for damage: {res}"
     assert FULL_RESUME in res.stderr, f"want a {FULL_RESUME!r}: {res}"
+    assert not (wdir / STORE_CREATING).exists(), "the half-made store is still there"
     assert _out(d) == expected_output()
     _verify_ok(d)
 
-    # The same kill in a first run, before anything was committed.
     fresh = tmp_path / "fresh"
     make_run_dir(fresh)
     wdir = fresh / "LOCAL" / FLOW_ID / "worker-0000"
     wdir.mkdir(parents=True)
-    (wdir / "store.sqlite").write_bytes(b"")
+    (wdir / STORE_CREATING).write_bytes(b"")
     res = run(run_argv(), fresh)
-    assert res.returncode == 0 and LOCAL_DAMAGED not in res.stderr, f"a first run over an empty store file: {res}"
+    assert res.returncode == 0 and LOCAL_DAMAGED not in res.stderr, f"a first run over a half-made store: {res}"
     assert _out(fresh) == expected_output()
 
 

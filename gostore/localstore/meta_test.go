@@ -238,60 +238,73 @@ func openRaw(t *testing.T, path string) *sql.DB {
 	return db
 }
 
-// A run killed between creating the store file and the commit of its
-// schema leaves it empty: that is a store never made, not a damaged one,
-// and the next run creates it without refusing or marking anything.
-func TestEmptyStoreFileLeftByAKilledCreateIsNoDamage(t *testing.T) {
+// A store is made under a temporary name and renamed into place once its
+// schema has committed: what a run killed while making it leaves (the
+// temporary file, empty or without a schema) is removed by the next open,
+// which then makes the store; journals left beside a store removed by hand
+// are not applied to the new one. An empty store.sqlite itself is still
+// refused as damaged: nothing of ours leaves one.
+func TestAStoreHalfMadeByAKilledRunIsMadeAgain(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
-		name       string
-		wal        []byte
-		schemaless bool
-		unborn     bool
+		name string
+		// leave makes what the killed run left in wdir.
+		leave func(t *testing.T, wdir string)
+		// existing tells that a good store with row "a" is there too.
+		existing bool
 	}{
-		{name: "alone", unborn: true},
-		{name: "with an empty WAL", wal: []byte{}, unborn: true},
-		{name: "with a WAL that holds frames", wal: []byte("not empty"), unborn: false},
-		{name: "a database without tables", schemaless: true, unborn: true},
+		{name: "empty temporary file", leave: func(t *testing.T, wdir string) {
+			require.NoError(t, os.WriteFile(filepath.Join(wdir, creatingFileName), nil, 0o600))
+		}},
+		{name: "temporary file without a schema", leave: func(t *testing.T, wdir string) {
+			db := openRaw(t, filepath.Join(wdir, creatingFileName))
+			_, err := db.Exec(`PRAGMA journal_mode=WAL`)
+			require.NoError(t, err)
+			require.NoError(t, db.Close())
+		}},
+		{name: "temporary file beside a good store", existing: true, leave: func(t *testing.T, wdir string) {
+			require.NoError(t, os.WriteFile(filepath.Join(wdir, creatingFileName), []byte("half"), 0o600))
+			require.NoError(t, os.WriteFile(filepath.Join(wdir, creatingFileName+"-wal"), []byte("half"), 0o600))
+		}},
+		{name: "journals of a store removed by hand", leave: func(t *testing.T, wdir string) {
+			require.NoError(t, os.WriteFile(filepath.Join(wdir, FileName+"-wal"), []byte("stale frames"), 0o600))
+			require.NoError(t, os.WriteFile(filepath.Join(wdir, FileName+"-shm"), []byte("stale"), 0o600))
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			wdir := WorkerDir(dir, "wc", 0)
+			if tc.existing {
+				require.NoError(t, stored(t, dir).Close())
+			}
 			require.NoError(t, os.MkdirAll(wdir, 0o700))
-			path := filepath.Join(wdir, FileName)
-			require.NoError(t, os.WriteFile(path, nil, 0o600))
-			if tc.schemaless {
-				// Killed after SQLite wrote the header, before the schema
-				// committed: the WAL holds no committed frame.
-				db := openRaw(t, path)
-				_, err := db.Exec(`PRAGMA journal_mode=WAL`)
-				require.NoError(t, err)
-				require.NoError(t, db.Close())
-				st, err := os.Stat(path)
-				require.NoError(t, err)
-				require.NotZero(t, st.Size(), "SQLite wrote no header")
-			}
-			if tc.wal != nil {
-				require.NoError(t, os.WriteFile(path+"-wal", tc.wal, 0o600))
-			}
-			_, err := Inspect(ctx, dir, "wc", 0)
-			if !tc.unborn {
-				require.ErrorIs(t, err, ErrDamaged)
-				_, err = Open(ctx, cfg(dir), 0)
-				require.ErrorIs(t, err, ErrDamaged)
-				return
-			}
-			require.ErrorIs(t, err, os.ErrNotExist)
-			s, err := Open(ctx, cfg(dir), 3)
+			tc.leave(t, wdir)
+			s, err := Open(ctx, cfg(dir), 0)
 			require.NoError(t, err)
-			_, err = s.Write(ctx, rowbatch.NewBatch(3, []rowbatch.Row{put("a", "1")}, false))
+			_, err = s.Write(ctx, rowbatch.NewBatch(9, []rowbatch.Row{put("z", "1")}, false))
 			require.NoError(t, err)
 			require.NoError(t, s.Close())
+			_, err = os.Stat(filepath.Join(wdir, creatingFileName))
+			require.ErrorIs(t, err, os.ErrNotExist, "the half-made store is still there")
 			_, ok := Damaged(dir, "wc", 0)
 			assert.False(t, ok)
 			m, err := Inspect(ctx, dir, "wc", 0)
 			require.NoError(t, err)
-			assert.Equal(t, int64(3), m.LastEpoch)
+			assert.Equal(t, int64(9), m.LastEpoch)
+			s, err = Open(ctx, cfg(dir), 0)
+			require.NoError(t, err)
+			defer s.Close()
+			_, found, err := s.Get(ctx, "wc.count", "a")
+			require.NoError(t, err)
+			assert.Equal(t, tc.existing, found, "row a of the existing store")
 		})
 	}
+
+	// An empty store.sqlite is not something a kill leaves: damage.
+	dir := t.TempDir()
+	wdir := WorkerDir(dir, "wc", 0)
+	require.NoError(t, os.MkdirAll(wdir, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(wdir, FileName), nil, 0o600))
+	_, err := Open(ctx, cfg(dir), 0)
+	require.ErrorIs(t, err, ErrDamaged)
 }

@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 
 	"github.com/millpond/millpond/gostore/keygroup"
+	"github.com/millpond/millpond/gostore/backup"
 	"github.com/millpond/millpond/gostore/rowbatch"
 	"github.com/millpond/millpond/gostore/snapfile"
 )
@@ -221,19 +222,13 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 	}
 	var f *snapfile.File
 	var err error
+	if err := removeStoreFiles(wdir, creatingFileName); err != nil {
+		return nil, fmt.Errorf("open local store: remove the store a killed run left half made: %w", err)
+	}
 	if _, statErr := os.Stat(path); errors.Is(statErr, os.ErrNotExist) {
-		f, err = snapfile.Create(ctx, path, want, snapfile.Options{})
+		f, err = create(ctx, wdir, want)
 	} else {
 		f, err = snapfile.Open(ctx, path, snapfile.Options{})
-		if errors.Is(err, snapfile.ErrNotSnapshotFile) {
-			if none, uerr := snapfile.Unborn(ctx, path); uerr == nil && none {
-				// A run was killed creating it; it holds nothing to keep.
-				if err := removeStoreFiles(wdir, FileName); err != nil {
-					return nil, fmt.Errorf("open local store: drop the store file %s a killed run left unfinished: %w", path, err)
-				}
-				f, err = snapfile.Create(ctx, path, want, snapfile.Options{})
-			}
-		}
 	}
 	if err != nil {
 		return nil, damaged(wdir, path, fmt.Errorf("open local store: %w", err))
@@ -317,11 +312,6 @@ func Inspect(ctx context.Context, dir, flowID string, worker int) (snapfile.Meta
 		return snapfile.Meta{}, markedError(wdir, reason)
 	}
 	f, err := snapfile.Open(ctx, path, snapfile.Options{})
-	if errors.Is(err, snapfile.ErrNotSnapshotFile) {
-		if none, uerr := snapfile.Unborn(ctx, path); uerr == nil && none {
-			return snapfile.Meta{}, fmt.Errorf("inspect local store: %s was left unfinished by a run killed while creating it: %w", path, os.ErrNotExist)
-		}
-	}
 	if err != nil {
 		return snapfile.Meta{}, damaged(wdir, path, fmt.Errorf("inspect local store: %w", err))
 	}
@@ -352,7 +342,7 @@ func Remove(dir, flowID string, worker int) error {
 	// The marker goes last: a removal cut short leaves it, and the store
 	// is still not trusted.
 	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm", nextFileName, nextFileName + "-wal", nextFileName + "-shm",
-		DamagedFileName + ".tmp", DamagedFileName} {
+		creatingFileName, creatingFileName + "-wal", creatingFileName + "-shm", DamagedFileName + ".tmp", DamagedFileName} {
 		if err := os.Remove(filepath.Join(wdir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove local store %s: %w", wdir, err)
 		}
@@ -685,6 +675,43 @@ func (s *Store) Close() error {
 		err = aerr
 	}
 	return err
+}
+
+// creatingFileName is the name a new store is made under, until its
+// schema has committed.
+const creatingFileName = "store.creating.sqlite"
+
+// create makes the worker's store file under creatingFileName and renames
+// it into place once its schema and metadata have committed. So a run
+// killed while creating its store leaves no store file that holds nothing
+// (which the next run would have to refuse as damaged, since an empty or
+// schemaless store.sqlite can also be what a failing disk leaves), only the
+// temporary file, which the next open removes.
+func create(ctx context.Context, wdir string, meta snapfile.Meta) (*snapfile.File, error) {
+	tmp := filepath.Join(wdir, creatingFileName)
+	path := filepath.Join(wdir, FileName)
+	f, err := snapfile.Create(ctx, tmp, meta, snapfile.Options{})
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Close(); err != nil {
+		removeStoreFiles(wdir, creatingFileName)
+		return nil, fmt.Errorf("create local store %s: %w", path, err)
+	}
+	// SQLite would apply journals left beside a store removed by hand to
+	// the new file.
+	for _, stale := range []string{path + "-wal", path + "-shm", path + "-journal"} {
+		if err := removeFile(stale); err != nil {
+			return nil, fmt.Errorf("create local store %s: %w", path, err)
+		}
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, fmt.Errorf("create local store %s: %w", path, err)
+	}
+	if err := backup.SyncDir(wdir); err != nil {
+		return nil, fmt.Errorf("create local store %s: %w", path, err)
+	}
+	return snapfile.Open(ctx, path, snapfile.Options{})
 }
 
 // removeStoreFiles removes the SQLite file name in wdir and the journals
