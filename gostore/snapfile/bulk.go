@@ -2,9 +2,12 @@ package snapfile
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"unsafe"
 
 	"modernc.org/libc"
@@ -388,10 +391,12 @@ func (b *bulkConn) fold() (moved int64, err error) {
 // gc removes, in one transaction, every row superseded by a newer row
 // at or before committed among the keys written in (since, committed],
 // and the deletion records written then (each is its key's newest row or
-// superseded). Keys come from the epoch index; each key's older versions
-// go in one range delete, in key order, so the B-tree is walked once. A cancelled ctx rolls the round back (checked
-// every gcCheckEvery keys), so the end of a run does not wait for it.
-func (b *bulkConn) gc(ctx context.Context, since, committed int64) (removed int64, err error) {
+// superseded). Keys come from the epoch index, chunk at a time; each
+// key's older versions go in one range delete, in key order within a
+// chunk, so the B-tree is walked once per chunk. A cancelled ctx rolls the
+// round back (checked every gcCheckEvery keys), so the end of a run does
+// not wait for it.
+func (b *bulkConn) gc(ctx context.Context, since, committed int64, chunk int) (removed int64, err error) {
 	if err := b.exec("BEGIN IMMEDIATE"); err != nil {
 		return 0, err
 	}
@@ -400,10 +405,6 @@ func (b *bulkConn) gc(ctx context.Context, since, committed int64) (removed int6
 			b.exec("ROLLBACK")
 		}
 	}()
-	keys, err := b.writtenKeys(since, committed)
-	if err != nil {
-		return 0, err
-	}
 	// A key's newest row goes too when it is a deletion (nothing older is
 	// left for it to hide): in the same seek, where a second statement over
 	// the epoch range cost one more lookup per row written.
@@ -417,61 +418,115 @@ func (b *bulkConn) gc(ctx context.Context, since, committed int64) (removed int6
 	if err != nil {
 		return 0, err
 	}
-	for i, done := 0, 0; i < len(keys); done++ {
-		if done%gcCheckEvery == 0 {
-			if err := ctx.Err(); err != nil {
-				return 0, err
-			}
-		}
-		// A key's rows are adjacent, oldest first: the last is the newest
-		// written at or before committed, and every older version goes.
-		j := i + 1
-		for j < len(keys) && keys[j].StepID == keys[i].StepID && keys[j].Key == keys[i].Key {
-			j++
-		}
-		newest := &keys[j-1]
-		n, err := b.stepKeyed(del, newest.StepID, newest.Key, newest.Epoch)
-		if err != nil {
+	// A key written in several epochs of the range may be collected once
+	// per epoch, in epoch order: each time, what goes is superseded at or
+	// before committed, and the last time leaves what one pass for its
+	// newest row would. The deletes never reach index entries past the
+	// chunk's last: they remove rows of older epochs, or the listed row.
+	after := gcKey{epoch: since + 1}
+	keys := make([]gcKey, 0, chunk)
+	for done, first := 0, true; ; first = false {
+		if keys, err = b.writtenKeys(keys[:0], after, first, committed, chunk); err != nil {
 			return removed, err
 		}
-		removed += n
-		i = j
+		if len(keys) == 0 {
+			return removed, b.exec("COMMIT")
+		}
+		after = keys[len(keys)-1]
+		slices.SortFunc(keys, gcKey.compare)
+		for i := 0; i < len(keys); done++ {
+			if done%gcCheckEvery == 0 {
+				if err := ctx.Err(); err != nil {
+					return 0, err
+				}
+			}
+			// A key's rows are adjacent, oldest first: the last is the
+			// newest of the chunk, and every older version goes.
+			j := i + 1
+			for j < len(keys) && keys[j].step == keys[i].step && keys[j].key == keys[i].key {
+				j++
+			}
+			newest := &keys[j-1]
+			n, err := b.stepKeyed(del, newest.step, newest.key, newest.epoch)
+			if err != nil {
+				return removed, err
+			}
+			removed += n
+			i = j
+		}
 	}
-	return removed, b.exec("COMMIT")
 }
 
 // gcCheckEvery is how many keys GC collects between checks of its context.
 const gcCheckEvery = 1024
 
-// writtenKeys lists (step, key, epoch) of the rows written in (since,
-// committed], sorted by step, key and epoch.
-func (b *bulkConn) writtenKeys(since, committed int64) ([]rowbatch.Row, error) {
-	st, err := b.cached(`SELECT step_id, state_key, epoch FROM snaps WHERE epoch > ?1 AND epoch <= ?2`)
+// gcChunk is how many keys GC lists at a time. An epoch can have written
+// every key of a large state (a live-key limit writes each evicted key):
+// listing them all at once held 100 MB for 500k keys.
+const gcChunk = 16384
+
+// gcKey is a row GC lists: the primary key without the value.
+type gcKey struct {
+	step, key string
+	epoch     int64
+}
+
+// compare orders keys as the table does: by step, key and epoch.
+func (k gcKey) compare(o gcKey) int {
+	if c := strings.Compare(k.step, o.step); c != 0 {
+		return c
+	}
+	if c := strings.Compare(k.key, o.key); c != 0 {
+		return c
+	}
+	return cmp.Compare(k.epoch, o.epoch)
+}
+
+// writtenKeys appends to keys up to chunk (step, key, epoch) of the rows
+// written at or before committed that come after `after` in the epoch
+// index's order (epoch, step, key); with first set, from `after` on (the
+// first chunk: epoch since+1 with an empty step and key, which sorts before
+// every row of the epoch). Each step's name is allocated once.
+func (b *bulkConn) writtenKeys(keys []gcKey, after gcKey, first bool, committed int64, chunk int) ([]gcKey, error) {
+	// Only a row-value bound makes SQLite seek the index to the chunk's
+	// start; with a plain lower bound on epoch too, it scans from there.
+	op := ">"
+	if first {
+		op = ">="
+	}
+	st, err := b.cached(`SELECT step_id, state_key, epoch FROM snaps
+		WHERE epoch <= ?4 AND (epoch, step_id, state_key) ` + op + ` (?3, ?1, ?2)
+		ORDER BY epoch, step_id, state_key LIMIT ?5`)
 	if err != nil {
 		return nil, err
 	}
 	defer sqlite3.Xsqlite3_reset(b.tls, st)
-	if rc := sqlite3.Xsqlite3_bind_int64(b.tls, st, 1, since) | sqlite3.Xsqlite3_bind_int64(b.tls, st, 2, committed); rc != sqlite3.SQLITE_OK {
+	rc, err := b.bindStepKey(st, after.step, after.key)
+	if err != nil {
+		return nil, err
+	}
+	rc |= sqlite3.Xsqlite3_bind_int64(b.tls, st, 3, after.epoch)
+	rc |= sqlite3.Xsqlite3_bind_int64(b.tls, st, 4, committed)
+	rc |= sqlite3.Xsqlite3_bind_int64(b.tls, st, 5, int64(chunk))
+	if rc != sqlite3.SQLITE_OK {
 		return nil, b.errorf("bind gc scan of", rc)
 	}
-	var rows []rowbatch.Row
+	var step string
 	for {
 		switch rc := sqlite3.Xsqlite3_step(b.tls, st); rc {
 		case sqlite3.SQLITE_ROW:
 		case sqlite3.SQLITE_DONE:
-			order := sortedOrder(rows)
-			sorted := make([]rowbatch.Row, len(rows))
-			for i, j := range order {
-				sorted[i] = rows[j]
-			}
-			return sorted, nil
+			return keys, nil
 		default:
 			return nil, b.errorf("gc scan", rc)
 		}
-		rows = append(rows, rowbatch.Row{
-			StepID: string(b.columnBytes(st, 0, false)),
-			Key:    string(b.columnBytes(st, 1, false)),
-			Epoch:  sqlite3.Xsqlite3_column_int64(b.tls, st, 2),
+		if bs := b.columnBytes(st, 0, false); string(bs) != step {
+			step = string(bs)
+		}
+		keys = append(keys, gcKey{
+			step:  step,
+			key:   string(b.columnBytes(st, 1, false)),
+			epoch: sqlite3.Xsqlite3_column_int64(b.tls, st, 2),
 		})
 	}
 }

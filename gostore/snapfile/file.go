@@ -108,6 +108,9 @@ type File struct {
 	// legacy tells that the file is of LegacyFormatVersion: rows without
 	// checksums, read but never written.
 	legacy bool
+	// gcChunk is how many keys GC lists at a time (0: the package's
+	// gcChunk); tests make it small to cross chunk boundaries.
+	gcChunk int
 	// metaDirty tells that meta holds a change (NoteCommitted) not yet
 	// written: the next Write carries it, or FlushMeta or Close.
 	metaDirty bool

@@ -403,7 +403,11 @@ func (f *File) GC(ctx context.Context, since, committed int64) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("gc %s: %w", f.path, err)
 	}
-	n, err := b.gc(ctx, since, committed)
+	chunk := f.gcChunk
+	if chunk <= 0 {
+		chunk = gcChunk
+	}
+	n, err := b.gc(ctx, since, committed, chunk)
 	if err != nil {
 		return 0, classify(f.path, "gc", fmt.Errorf("gc: %w", err))
 	}
