@@ -25,8 +25,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/backup"
+	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/rowbatch"
 	"github.com/millpond/millpond/gostore/snapfile"
 )
