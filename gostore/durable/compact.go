@@ -171,6 +171,10 @@ func (r *Run) compactHosted(ctx context.Context, c int64, variant int) ([]Object
 	return objs, nil
 }
 
+// compactCacheMiB is SQLite's page cache for a compacted object being
+// written.
+const compactCacheMiB = 4
+
 func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir string, c int64, variant int) (ObjectRef, error) {
 	// Every row up to the committed epoch c was queued before c committed;
 	// one flush makes them readable, and the scan below then does not wait
@@ -183,8 +187,12 @@ func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir
 		FlowID: r.cfg.FlowID, Kind: snapfile.KindCompacted, WorkerIndex: w, WorkerCount: r.cfg.WorkerCount,
 		KeyGroupCount: r.cfg.KeyGroupCount, Execution: r.execution, LastEpoch: c,
 	}
-	// A compacted object holds the whole state: never small.
-	f, err := snapfile.Create(ctx, path, meta, snapfile.Options{Segment: true, LargePages: true})
+	// A compacted object holds the whole state: never small. It is written
+	// in key order, appended to page by page, so SQLite's cache only ever
+	// needs the pages being filled; a large one held up to the whole
+	// default cache (twice that in memory, as pages are allocated), for
+	// nothing.
+	f, err := snapfile.Create(ctx, path, meta, snapfile.Options{Segment: true, LargePages: true, CacheMiB: compactCacheMiB})
 	if err != nil {
 		return ObjectRef{}, err
 	}
