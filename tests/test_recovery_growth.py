@@ -174,13 +174,15 @@ def test_compacted_state_restores_to_the_final_state(growth):
 
 
 def test_local_store_after_the_run_is_about_2x_a_fresh_one(growth):
-    # About 2x on a quiet machine. Finish stops a maintenance round that
-    # is still running (the next run collects in the background), so the
-    # superseded rows of the last few epochs may be left: on a loaded
-    # runner 2.52-2.55x was seen. Without local GC the store would hold
-    # every version of 110 epochs at 10% churn (over 10x); the bound while
-    # running is test_local_store_stays_bounded_while_running's.
-    assert growth["local_bytes"] <= 3.0 * growth["fresh_local_bytes"], (growth["local_bytes"], growth["fresh_local_bytes"])
+    # About 2x on a quiet machine (1.6-2.1x), 1.8-2.5x with both cores
+    # busy. Finish stops a maintenance round that is still running (the
+    # next run collects in the background), so the superseded rows of the
+    # last few epochs may be left: a CI run with its test lanes in
+    # parallel saw 3.05x. Without local GC the store would hold every
+    # version of 110 epochs at 10% churn (over 10x), which 4x still tells
+    # apart; the bound while running is
+    # test_local_store_stays_bounded_while_running's.
+    assert growth["local_bytes"] <= 4.0 * growth["fresh_local_bytes"], (growth["local_bytes"], growth["fresh_local_bytes"])
 
 
 PAGE = 4096  # the local store's page size
