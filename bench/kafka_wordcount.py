@@ -308,12 +308,11 @@ def ensure_bytewax(venv: Path) -> Tuple[Optional[Path], str]:
     """(python of the Bytewax venv, "") or (None, why it is unavailable):
     bench/cluster_scaling.py's venv, plus confluent-kafka for Bytewax's
     Kafka connector."""
-    # Loaded by path here, not at the top: millpond.run also loads this
-    # file as a flow module, where bench/ is not importable.
-    spec = importlib.util.spec_from_file_location("mp_bench_cluster_scaling", HERE / "cluster_scaling.py")
-    assert spec is not None and spec.loader is not None
-    scaling = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(scaling)
+    # Imported here, not at the top: millpond.run also loads this file as
+    # a flow module, where bench/ is not importable; the script that calls
+    # this runs with bench/ on sys.path.
+    import cluster_scaling as scaling
+
     py, why = scaling.ensure_bytewax(venv)
     if py is None:
         return None, why

@@ -28,7 +28,6 @@ Ratios are what to read: this machine is noisy and shared.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import random
 import shutil
@@ -213,10 +212,9 @@ def millpond_resume(n_keys: int, tmp: Path) -> dict:
 def ensure_bytewax() -> tuple[Optional[Path], str]:
     """Return (python of the Bytewax venv, "") or (None, why it is unavailable):
     ``bench/cluster_scaling.py``'s set-up, on this script's venv."""
-    spec = importlib.util.spec_from_file_location("mp_bench_cluster_scaling", HERE / "cluster_scaling.py")
-    assert spec is not None and spec.loader is not None
-    scaling = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(scaling)
+    # Run as a script, this directory is on sys.path.
+    import cluster_scaling as scaling
+
     assert scaling.BW_VERSION == BW_VERSION, (scaling.BW_VERSION, BW_VERSION)
     return scaling.ensure_bytewax(BW_VENV)  # type: ignore[no-any-return]
 

@@ -226,10 +226,8 @@ func (s *Store) maybePromote(ctx context.Context) error {
 // file may be open.
 func promote(wdir string) error {
 	path := filepath.Join(wdir, FileName)
-	for _, stale := range []string{path + "-wal", path + "-shm"} {
-		if err := removeFile(stale); err != nil {
-			return fmt.Errorf("replace the local store by its new generation: %w", err)
-		}
+	if err := removeJournals(wdir, FileName); err != nil {
+		return fmt.Errorf("replace the local store by its new generation: %w", err)
 	}
 	if err := os.Rename(filepath.Join(wdir, nextFileName), path); err != nil {
 		return fmt.Errorf("replace the local store by its new generation: %w", err)

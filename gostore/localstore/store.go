@@ -341,9 +341,13 @@ func Remove(dir, flowID string, worker int) error {
 	}
 	// The marker goes last: a removal cut short leaves it, and the store
 	// is still not trusted.
-	for _, name := range []string{FileName, FileName + "-wal", FileName + "-shm", nextFileName, nextFileName + "-wal", nextFileName + "-shm",
-		creatingFileName, creatingFileName + "-wal", creatingFileName + "-shm", DamagedFileName + ".tmp", DamagedFileName} {
-		if err := os.Remove(filepath.Join(wdir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	for _, name := range []string{FileName, nextFileName, creatingFileName} {
+		if err := removeStoreFiles(wdir, name); err != nil {
+			return fmt.Errorf("remove local store %s: %w", wdir, err)
+		}
+	}
+	for _, name := range []string{DamagedFileName + ".tmp", DamagedFileName} {
+		if err := removeFile(filepath.Join(wdir, name)); err != nil {
 			return fmt.Errorf("remove local store %s: %w", wdir, err)
 		}
 	}
@@ -700,10 +704,8 @@ func create(ctx context.Context, wdir string, meta snapfile.Meta) (*snapfile.Fil
 	}
 	// SQLite would apply journals left beside a store removed by hand to
 	// the new file.
-	for _, stale := range []string{path + "-wal", path + "-shm", path + "-journal"} {
-		if err := removeFile(stale); err != nil {
-			return nil, fmt.Errorf("create local store %s: %w", path, err)
-		}
+	if err := removeJournals(wdir, FileName); err != nil {
+		return nil, fmt.Errorf("create local store %s: %w", path, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return nil, fmt.Errorf("create local store %s: %w", path, err)
@@ -717,7 +719,16 @@ func create(ctx context.Context, wdir string, meta snapfile.Meta) (*snapfile.Fil
 // removeStoreFiles removes the SQLite file name in wdir and the journals
 // SQLite keeps beside it.
 func removeStoreFiles(wdir, name string) error {
-	for _, suffix := range []string{"", "-wal", "-shm", "-journal"} {
+	if err := removeFile(filepath.Join(wdir, name)); err != nil {
+		return err
+	}
+	return removeJournals(wdir, name)
+}
+
+// removeJournals removes the journals SQLite keeps beside the file name
+// in wdir.
+func removeJournals(wdir, name string) error {
+	for _, suffix := range []string{"-wal", "-shm", "-journal"} {
 		if err := removeFile(filepath.Join(wdir, name+suffix)); err != nil {
 			return err
 		}

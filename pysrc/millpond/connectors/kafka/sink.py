@@ -159,13 +159,22 @@ class _Entry:
     them back in a fraction of what producing them costs. A waiting epoch
     takes the memory of its bytes once, not twice."""
 
-    __slots__ = ("epoch", "blob", "count", "sent")
+    __slots__ = ("epoch", "blob", "_count", "sent")
 
-    def __init__(self, epoch: int, blob: bytes, count: int, sent: bool) -> None:
+    def __init__(self, epoch: int, blob: bytes, count: Optional[int], sent: bool) -> None:
         self.epoch = epoch
         self.blob = blob
-        self.count = count
+        self._count = count
         self.sent = sent
+
+    @property
+    def count(self) -> int:
+        """How many records; for an entry read back from a snapshot, counted
+        when first asked (most such entries Kafka has already published, and
+        are dropped unread)."""
+        if self._count is None:
+            self._count = len(self.records())
+        return self._count
 
     @classmethod
     def of(cls, epoch: int, records: List[Record], sent: bool) -> "_Entry":
@@ -181,7 +190,7 @@ class _Entry:
 
 def _entry_from_state(epoch: int, data: Any) -> _Entry:
     if isinstance(data, bytes):
-        return _Entry(epoch, data, len(marshal.loads(data)), False)
+        return _Entry(epoch, data, None, False)
     return _Entry.of(epoch, list(data), False)
 
 
