@@ -139,6 +139,7 @@ func (s *Store) adoptStaged(ctx context.Context, epoch int64, staged string, row
 		return fail(err)
 	}
 	s.next = f
+	s.publish()
 	s.writeNanos.Add(int64(time.Since(start)))
 	return len(rows), nil
 }
@@ -189,6 +190,7 @@ func (s *Store) startGeneration(ctx context.Context, epoch int64, rows []rowbatc
 		return 0, fmt.Errorf("start a new generation of the local store: %w", err)
 	}
 	s.next = f
+	s.publish()
 	s.writeNanos.Add(int64(time.Since(start)))
 	s.maybeCheckpoint()
 	return n, nil
@@ -219,6 +221,7 @@ func (s *Store) maybePromote(ctx context.Context) error {
 		return fmt.Errorf("reopen the local store after its new generation: %w", err)
 	}
 	s.file = f
+	s.publish()
 	return nil
 }
 

@@ -3,9 +3,14 @@ package localstore
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -301,4 +306,109 @@ func TestTwoStagedEpochsInFlight(t *testing.T) {
 	require.NoError(t, s.Flush())
 	assert.Equal(t, map[string]string{"a": "4", "d": "4", "f": "4"}, contents(t, s))
 	assert.Equal(t, 1024, pageSize(t, filepath.Join(WorkerDir(dir, "wc", 0), nextFileName)), "epoch 3's copy was taken")
+}
+
+// Reads of many keys run on the file's reader connection while the
+// writer writes other keys, new generations replace the file and GC runs:
+// every read sees one epoch for all its keys, and never one older than a
+// write of them that was queued before the read began.
+func TestReadsOfManyKeysStayCorrectWhileGenerationsReplaceTheFile(t *testing.T) {
+	ctx := context.Background()
+	c := cfg(t.TempDir())
+	c.GenerationMinRows = 10
+	s, err := Open(ctx, c, 0)
+	require.NoError(t, err)
+	defer s.Close()
+	mine := make([]string, 50)
+	for i := range mine {
+		mine[i] = fmt.Sprintf("m%02d", i)
+	}
+	epochs := int64(120)
+	if raceDetector {
+		epochs = 40
+	}
+	var floor atomic.Int64 // the newest epoch that wrote mine, queued
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				low := floor.Load()
+				packed, err := s.GetManyPacked(ctx, "wc.count", mine)
+				if !assert.NoError(t, err) {
+					return
+				}
+				got := unpackKeys(t, packed)
+				if low == 0 {
+					continue
+				}
+				if !assert.Len(t, got, len(mine)) {
+					return
+				}
+				for _, v := range got {
+					e, err := strconv.ParseInt(v, 10, 64)
+					assert.NoError(t, err)
+					assert.GreaterOrEqual(t, e, low, "a read older than a write queued before it")
+					assert.Equal(t, got[mine[0]], v, "one read, one epoch")
+				}
+			}
+		}()
+	}
+	for e := int64(1); e <= epochs; e++ {
+		v := strconv.FormatInt(e, 10)
+		var rows []rowbatch.Row
+		whole := e%7 == 0
+		if whole || e%5 == 0 || e == 1 {
+			for _, k := range mine {
+				rows = append(rows, put(k, v))
+			}
+		}
+		if !whole {
+			for i := range 2000 {
+				rows = append(rows, put(fmt.Sprintf("o%05d", i), v))
+			}
+		}
+		require.NoError(t, s.WriteAsync(rowbatch.NewBatch(e, rows, whole), nil))
+		if whole || e%5 == 0 || e == 1 {
+			floor.Store(e)
+		}
+		s.NoteCommitted(e - 1)
+		if e%11 == 0 {
+			_, err := s.GC(ctx, e-1)
+			require.NoError(t, err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	require.NoError(t, s.Flush())
+}
+
+// unpackKeys decodes a packed page of GetManyPacked into key -> value.
+func unpackKeys(t *testing.T, packed []byte) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	n, w := binary.Uvarint(packed)
+	b := packed[w:]
+	for range n {
+		kl, w := binary.Uvarint(b)
+		key := string(b[w : w+int(kl)])
+		b = b[w+int(kl):]
+		_, w = binary.Uvarint(b) // epoch
+		b = b[w:]
+		tag, w := binary.Uvarint(b)
+		b = b[w:]
+		if tag > 0 {
+			out[key] = string(b[:tag-1])
+			b = b[tag-1:]
+		}
+	}
+	require.Empty(t, b)
+	return out
 }

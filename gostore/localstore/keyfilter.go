@@ -10,11 +10,12 @@ import (
 	"github.com/millpond/millpond/gostore/snapfile"
 )
 
-// The pending filter, a second one, holds the keys of the batches queued
-// for the writer (reset whenever the queue is empty): a read of keys none
-// of which is on its way need not wait for the queue to drain, only for
-// the batch being written (the store's lock). A queued whole batch (a new
-// generation) makes every read wait, as it changes what every key reads.
+// Each batch queued for the writer has a small filter of its own, of the
+// keys it holds, dropped once the batch is written: a read waits only for
+// the queued batches that may hold one of its keys, however long the
+// queue stays busy, and reads the rest while the writer goes on. A queued
+// whole batch (a new generation) makes every read wait, as it changes
+// what every key reads.
 //
 // The key filter: a Bloom filter of every (step, key) the store may hold a
 // row of, so that a read of a key it never held (a new key of a resumed
@@ -58,6 +59,14 @@ type bloomPart struct {
 func newKeyFilter(seed maphash.Seed) *keyFilter {
 	f := &keyFilter{seed: seed}
 	f.parts = []*bloomPart{newBloomPart(filterFirstKeys)}
+	return f
+}
+
+// newBatchFilter is a filter sized for the n keys of one queued batch.
+func newBatchFilter(seed maphash.Seed, n int) *keyFilter {
+	f := &keyFilter{seed: seed}
+	f.parts = []*bloomPart{newBloomPart(max(n, 1))}
+	f.ready.Store(true)
 	return f
 }
 
@@ -129,16 +138,6 @@ func (f *keyFilter) hasLocked(a, b uint64) bool {
 		}
 	}
 	return false
-}
-
-// reset forgets every key (the pending filter, once nothing is queued).
-func (f *keyFilter) reset() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if len(f.parts) == 1 && f.parts[0].count == 0 {
-		return
-	}
-	f.parts = []*bloomPart{newBloomPart(filterFirstKeys)}
 }
 
 // anyMayHold reports whether any of keys of step may be in the filter.

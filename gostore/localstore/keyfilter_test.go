@@ -200,3 +200,75 @@ func TestReadsWaitOnlyForQueuedBatchesThatHoldTheirKeys(t *testing.T) {
 	s.asyncMu.Unlock()
 	assert.Zero(t, queued)
 }
+
+// A read of a key whose batch is written does not wait for the batches
+// queued after it, even while the queue never empties.
+func TestReadsDoNotWaitForBatchesQueuedAfterTheirKeys(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	waitFilter(t, s)
+	size := 100_000
+	if raceDetector {
+		size = 20_000
+	}
+	// Made first and queued back to back, a large batch before the small
+	// one: the queue does not empty from the first batch to the last.
+	var batches []rowbatch.Batch
+	for e := int64(1); e <= 6; e++ {
+		rows := make([]rowbatch.Row, size)
+		for i := range rows {
+			rows[i] = put(fmt.Sprintf("big-%07d", i), fmt.Sprintf("v%d", e))
+		}
+		batches = append(batches, rowbatch.NewBatch(e, rows, false))
+		if e == 1 {
+			batches = append(batches, rowbatch.NewBatch(e, []rowbatch.Row{put("early", "1")}, false))
+		}
+	}
+	for _, b := range batches {
+		require.NoError(t, s.WriteAsync(b, nil))
+	}
+	// The small batch is written once it has left the queue list.
+	require.Eventually(t, func() bool {
+		s.asyncMu.Lock()
+		defer s.asyncMu.Unlock()
+		return len(s.queue) == 0 || s.queue[0].seq > 2
+	}, 10*time.Second, 100*time.Microsecond)
+	packed, err := s.GetManyPacked(ctx, "wc.count", []string{"early"})
+	require.NoError(t, err)
+	assert.Greater(t, len(packed), 1, "the written key is found")
+	s.asyncMu.Lock()
+	queued := s.pending
+	s.asyncMu.Unlock()
+	assert.Positive(t, queued, "the read waited for batches queued after its key's")
+	packed, err = s.GetManyPacked(ctx, "wc.count", []string{"big-0000009"})
+	require.NoError(t, err)
+	assert.Contains(t, string(packed), "v6", "a key of queued batches is read after the last of them")
+}
+
+// Reads of many keys go to the file's reader connection: a write, GC or
+// checkpoint holding the store's lock does not hold them up.
+func TestReadsOfManyKeysDoNotWaitForTheStoreLock(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Write(ctx, rowbatch.NewBatch(1, []rowbatch.Row{put("a", "1"), put("b", "2")}, false))
+	require.NoError(t, err)
+	s.mu.Lock()
+	got := make(chan []byte, 1)
+	go func() {
+		packed, err := s.GetManyPacked(ctx, "wc.count", []string{"a", "b", "never"})
+		assert.NoError(t, err)
+		got <- packed
+	}()
+	select {
+	case packed := <-got:
+		assert.Contains(t, string(packed), "1")
+		assert.Contains(t, string(packed), "2")
+	case <-time.After(10 * time.Second):
+		t.Error("the read waited for the store's lock")
+	}
+	s.mu.Unlock()
+}

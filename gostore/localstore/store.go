@@ -154,17 +154,26 @@ type Store struct {
 	verifyCancel atomic.Pointer[context.CancelFunc]
 	verifying    atomic.Bool
 
+	// Reads of many keys (GetManyPacked) go to the target file's reader
+	// connection without s.mu, so a batch being written, GC or a
+	// checkpoint does not hold them up: shared is the file they may read
+	// (nil while none may: closed, or being replaced, when they take s.mu
+	// instead), and each holds swapMu for reading while it reads, so a
+	// replacement (retireFiles) waits until none uses the old file.
+	swapMu sync.RWMutex
+	shared atomic.Pointer[snapfile.File]
+
 	// writeNanos is the time spent in writes, for metrics.
 	writeNanos atomic.Int64
 
-	// filter knows which keys the store may hold, queued which are in
-	// queued batches (keyfilter.go; under asyncMu); filterDone closes
-	// when the filter's background fill has stopped. queuedWhole counts
-	// queued whole batches (under asyncMu).
-	filter      *keyFilter
-	queued      *keyFilter
-	queuedWhole int
-	filterDone  chan struct{}
+	// filter knows which keys the store may hold (keyfilter.go);
+	// filterDone closes when its background fill has stopped. queue
+	// lists the batches handed to the writer and not written yet, with
+	// their keys (under asyncMu); enqueued numbers them.
+	filter     *keyFilter
+	queue      []queuedBatch
+	enqueued   int64
+	filterDone chan struct{}
 }
 
 // Open opens (or creates) the worker's store, taking its lock. With
@@ -266,9 +275,9 @@ func openLocked(ctx context.Context, cfg Config, wdir string, resumeEpoch int64)
 	st := &Store{cfg: cfg, file: f, kick: make(chan struct{}, 1), quit: make(chan struct{}), ckptDone: make(chan struct{}),
 		filterDone: make(chan struct{})}
 	seed := maphash.MakeSeed()
-	st.filter, st.queued = newKeyFilter(seed), newKeyFilter(seed)
-	st.queued.ready.Store(true)
+	st.filter = newKeyFilter(seed)
 	st.idle = sync.NewCond(&st.asyncMu)
+	st.publish()
 	go st.runCheckpoints()
 	go st.fillFilter(context.Background())
 	return st, nil
@@ -359,9 +368,24 @@ func Remove(dir, flowID string, worker int) error {
 // then Verify interrupted, then passiveMu taken (the caller unlocks it),
 // which waits until neither has a connection to them open. s.mu is held.
 func (s *Store) retireFiles() {
+	s.swapMu.Lock()
+	s.shared.Store(nil)
+	s.swapMu.Unlock()
 	s.fileGen.Add(1)
 	s.stopVerify()
 	s.passiveMu.Lock()
+}
+
+// publish lets reads without s.mu go to the target file, after a change
+// of s.file or s.next. s.mu is held.
+func (s *Store) publish() {
+	s.swapMu.Lock()
+	defer s.swapMu.Unlock()
+	if s.file == nil {
+		s.shared.Store(nil)
+		return
+	}
+	s.shared.Store(s.target())
 }
 
 // Config returns the store's config.
@@ -456,6 +480,16 @@ func (s *Store) GetManyPacked(ctx context.Context, step string, keys []string) (
 		return []byte{0}, nil // a packed page of no entries
 	}
 	s.waitFor(step, keys)
+	// No queued write holds these keys now, so the file as committed has
+	// their newest rows: its reader connection reads them while a write
+	// of other keys goes on.
+	s.swapMu.RLock()
+	if f := s.shared.Load(); f != nil {
+		packed, err := f.GetManyPackedConcurrent(ctx, step, keys, 0)
+		s.swapMu.RUnlock()
+		return packed, s.check(err)
+	}
+	s.swapMu.RUnlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
@@ -551,6 +585,7 @@ func (s *Store) deleteFrom(ctx context.Context, epoch int64) (int64, error) {
 		err := s.next.Close()
 		s.next = nil
 		s.passiveMu.Unlock()
+		s.publish()
 		for _, p := range []string{path, path + "-wal", path + "-shm"} {
 			err = errors.Join(err, removeFile(p))
 		}

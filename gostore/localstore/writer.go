@@ -14,6 +14,9 @@ import (
 
 // asyncBatch is one entry of the writer's queue.
 type asyncBatch struct {
+	// seq is the batch's number in the store's queue list (0 for a
+	// commit entry, which is not listed).
+	seq   int64
 	batch rowbatch.Batch
 	// staged, for a batch that starts a generation, delivers the path of
 	// its segment's copy (StageGeneration), or is closed without one.
@@ -87,7 +90,8 @@ func (s *Store) NoteCommitted(epoch int64) {
 	}
 	select {
 	case s.async <- asyncBatch{commit: true}:
-		// The writer counts it done under asyncMu, held here.
+		// The writer counts it done under asyncMu, held here. It holds
+		// no keys: reads need not know of it.
 		s.pending++
 	default:
 		// The writer is busy; it looks at the committed epoch after
@@ -103,6 +107,11 @@ func (s *Store) enqueue(b asyncBatch) error {
 		s.asyncMu.Unlock()
 		go s.runAsync(ch, s.asyncDone)
 	})
+	q := queuedBatch{whole: b.batch.Whole}
+	if !q.whole && len(b.batch.Rows) > 0 {
+		q.keys = newBatchFilter(s.filter.seed, len(b.batch.Rows))
+		q.keys.addRows(b.batch.Rows, nil)
+	}
 	s.asyncMu.Lock()
 	if err := s.asyncErr; err != nil {
 		s.asyncMu.Unlock()
@@ -110,18 +119,43 @@ func (s *Store) enqueue(b asyncBatch) error {
 		return err
 	}
 	ch := s.async
-	// In one step with counting it: the writer empties the queued filter
-	// when the count drops to zero.
-	if !b.commit {
-		s.queued.addRows(b.batch.Rows, nil)
-		if b.batch.Whole {
-			s.queuedWhole++
-		}
-	}
+	s.enqueued++
+	q.seq, b.seq = s.enqueued, s.enqueued
+	s.queue = append(s.queue, q)
 	s.pending++
 	s.asyncMu.Unlock()
 	ch <- b
 	return nil
+}
+
+// queuedBatch is what reads know of a batch in the writer's queue.
+type queuedBatch struct {
+	seq int64
+	// keys are the batch's keys (nil for a commit entry or a whole batch).
+	keys *keyFilter
+	// whole marks a whole batch, which changes what every key reads.
+	whole bool
+}
+
+// dequeue drops the entry seq from the queue list; asyncMu is held.
+func (s *Store) dequeue(seq int64) {
+	for i := range s.queue {
+		if s.queue[i].seq == seq {
+			s.queue = append(s.queue[:i], s.queue[i+1:]...)
+			return
+		}
+	}
+}
+
+// queuedMayHold reports whether a batch not written yet may hold a row of
+// one of step's keys; asyncMu is held.
+func (s *Store) queuedMayHold(step string, keys []string) bool {
+	for _, q := range s.queue {
+		if q.whole || (q.keys != nil && q.keys.anyMayHold(step, keys)) {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
@@ -157,13 +191,10 @@ func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
 			s.asyncErr = s.check(fmt.Errorf("background write of epoch %d: %w", b.batch.Epoch, err))
 		}
 		s.pending--
-		if b.batch.Whole && !b.commit {
-			s.queuedWhole--
-		}
-		if s.pending == 0 {
-			s.queued.reset()
-			s.idle.Broadcast()
-		}
+		s.dequeue(b.seq)
+		// Readers wait for the batches that hold their keys, not for
+		// an empty queue.
+		s.idle.Broadcast()
 		s.asyncMu.Unlock()
 	}
 }
@@ -224,7 +255,7 @@ func (s *Store) writeWhole(ctx context.Context, epoch int64, rows []rowbatch.Row
 // write made before them.
 func (s *Store) waitFor(step string, keys []string) {
 	s.asyncMu.Lock()
-	for s.pending > 0 && (s.queuedWhole > 0 || s.queued.anyMayHold(step, keys)) {
+	for s.queuedMayHold(step, keys) {
 		s.idle.Wait()
 	}
 	s.asyncMu.Unlock()

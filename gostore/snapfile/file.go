@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/millpond/millpond/gostore/keygroup"
 
@@ -114,6 +115,10 @@ type File struct {
 	// metaDirty tells that meta holds a change (NoteCommitted) not yet
 	// written: the next Write carries it, or FlushMeta or Close.
 	metaDirty bool
+	// reader is the connection of GetManyPackedConcurrent, opened on its
+	// first call; readMu serializes those calls.
+	readMu sync.Mutex
+	reader *bulkConn
 }
 
 // cacheMiB is the page cache size each connection to the file gets.
@@ -448,6 +453,11 @@ func (f *File) writable() error {
 // file on disk is complete by itself.
 func (f *File) Close() error {
 	ferr := f.FlushMeta(context.Background())
+	if err := f.closeReader(); err != nil {
+		f.closeBulk()
+		f.db.Close()
+		return err
+	}
 	if err := f.closeBulk(); err != nil {
 		f.db.Close()
 		return err
@@ -493,6 +503,18 @@ func (f *File) rawConn() (*bulkConn, error) {
 		f.bulk = b
 	}
 	return f.bulk, nil
+}
+
+// closeReader closes GetManyPackedConcurrent's connection if one is open.
+func (f *File) closeReader() error {
+	f.readMu.Lock()
+	defer f.readMu.Unlock()
+	if f.reader == nil {
+		return nil
+	}
+	err := f.reader.close()
+	f.reader = nil
+	return err
 }
 
 // closeBulk closes the bulk-write connection if one is open.

@@ -33,6 +33,52 @@ const getManyCheckEvery = 1024
 // transaction, rather than one database/sql query per key: a few
 // microseconds a key rather than some forty.
 func (f *File) GetManyPacked(ctx context.Context, step string, keys []string, before int64) ([]byte, error) {
+	return f.getManyPacked(ctx, f.rawConn, step, keys, before)
+}
+
+// readerCacheMiB caps the page cache of GetManyPackedConcurrent's
+// connection: point reads need the B-tree's inner pages cached, which are
+// a small part of a store, and a third full-size cache would add to every
+// worker's memory.
+const readerCacheMiB = 16
+
+// GetManyPackedConcurrent is GetManyPacked on a connection of its own, so
+// that it may run while another goroutine uses the file's other methods,
+// writes included: in a write-ahead-logged file readers do not wait for
+// the writer, and each call reads one snapshot of the file that holds
+// every transaction committed before it began. A reader of keys that a
+// write in progress may hold must wait for that write itself. Calls are
+// serialized among themselves; Close must not run concurrently with one.
+// Segment files (no write-ahead log) refuse it.
+func (f *File) GetManyPackedConcurrent(ctx context.Context, step string, keys []string, before int64) ([]byte, error) {
+	if f.opts.Segment {
+		return nil, fmt.Errorf("get %d keys of %s from %s: concurrent reads need a write-ahead-logged file, not a segment", len(keys), step, f.path)
+	}
+	f.readMu.Lock()
+	defer f.readMu.Unlock()
+	return f.getManyPacked(ctx, f.readerConn, step, keys, before)
+}
+
+// readerConn returns GetManyPackedConcurrent's connection, opening it on
+// first use. f.readMu is held.
+func (f *File) readerConn() (*bulkConn, error) {
+	if f.reader == nil {
+		o := f.opts
+		o.CacheMiB = min(cacheMiB(o), readerCacheMiB)
+		b, err := openBulk(f.path, o)
+		if err != nil {
+			return nil, err
+		}
+		if err := b.exec("PRAGMA query_only=1"); err != nil {
+			b.close()
+			return nil, err
+		}
+		f.reader = b
+	}
+	return f.reader, nil
+}
+
+func (f *File) getManyPacked(ctx context.Context, conn func() (*bulkConn, error), step string, keys []string, before int64) ([]byte, error) {
 	if before <= 0 {
 		before = math.MaxInt64
 	}
@@ -43,7 +89,7 @@ func (f *File) GetManyPacked(ctx context.Context, step string, keys []string, be
 	sorted := slices.Clone(keys)
 	slices.Sort(sorted)
 	sorted = slices.Compact(sorted)
-	b, err := f.rawConn()
+	b, err := conn()
 	if err != nil {
 		return nil, fmt.Errorf("get %d keys of %s from %s: %w", len(sorted), step, f.path, err)
 	}

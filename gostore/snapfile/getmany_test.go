@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -64,11 +65,87 @@ func getEach(t *testing.T, f *File, step string, keys []string, before int64) []
 	return rows
 }
 
+// getMany reads through GetManyPacked, checking that the reader
+// connection of GetManyPackedConcurrent returns the same bytes.
 func getMany(t *testing.T, f *File, step string, keys []string, before int64) []rowbatch.Row {
 	t.Helper()
 	packed, err := f.GetManyPacked(context.Background(), step, keys, before)
 	require.NoError(t, err)
+	if !f.opts.Segment {
+		concurrent, err := f.GetManyPackedConcurrent(context.Background(), step, keys, before)
+		require.NoError(t, err)
+		require.Equal(t, packed, concurrent, "the reader connection reads what the bulk one does")
+	}
 	return unpackRows(t, step, packed)
+}
+
+// GetManyPackedConcurrent runs while batches are written through the
+// file's other methods: each read sees the rows committed before it
+// began, whole (every key of a batch at one epoch, never a mix), and a
+// read after a write returns sees that write.
+func TestGetManyPackedConcurrentReadsWhileTheFileIsWritten(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	keys := make([]string, 300)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%04d", i)
+	}
+	write := func(epoch int64, n int) {
+		rows := make([]rowbatch.Row, 0, len(keys)+n)
+		for _, k := range keys {
+			rows = append(rows, row("s", k, epoch, fmt.Sprint(epoch)))
+		}
+		for i := range n { // other keys, so the write takes a while
+			rows = append(rows, row("other", fmt.Sprintf("o%06d", i), epoch, "x"))
+		}
+		_, err := f.Write(ctx, rows)
+		require.NoError(t, err)
+	}
+	write(1, 0)
+	epochs := int64(30)
+	if raceDetector {
+		epochs = 8
+	}
+	done := make(chan struct{})
+	var written atomic.Int64
+	written.Store(1)
+	go func() {
+		defer close(done)
+		for e := int64(2); e <= epochs; e++ {
+			write(e, 5000)
+			written.Store(e)
+		}
+	}()
+	reads := 0
+	for running := true; running; reads++ {
+		select {
+		case <-done:
+			running = false
+		default:
+		}
+		floor := written.Load()
+		packed, err := f.GetManyPackedConcurrent(ctx, "s", keys, 0)
+		require.NoError(t, err)
+		rows := unpackRows(t, "s", packed)
+		require.Len(t, rows, len(keys))
+		for _, r := range rows {
+			require.Equal(t, rows[0].Epoch, r.Epoch, "one read sees one batch for every key")
+			require.Equal(t, fmt.Sprint(r.Epoch), string(r.Value))
+		}
+		require.GreaterOrEqual(t, rows[0].Epoch, floor, "a read sees every write that returned before it")
+	}
+	assert.Greater(t, reads, 1)
+	got := getMany(t, f, "s", keys[:3], 0)
+	require.Len(t, got, 3)
+	assert.Equal(t, epochs, got[0].Epoch)
+}
+
+func TestGetManyPackedConcurrentRefusesASegment(t *testing.T) {
+	f, err := Create(context.Background(), filepath.Join(t.TempDir(), "seg.sqlite"), testMeta(), Options{Segment: true})
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.GetManyPackedConcurrent(context.Background(), "s", []string{"k"}, 0)
+	require.ErrorContains(t, err, "write-ahead-logged")
 }
 
 func TestGetManyPackedReturnsWhatGetReturnsPerKey(t *testing.T) {
