@@ -109,6 +109,10 @@ static PyMethodDef methods[] = {
      "For every key of the list not in live or skip whose newest row holds a value: live[key] =\n"
      "builder(loads(value)), the rows read in one call to the core; return how many. Keys without a row or\n"
      "deleted are left out. If builder or loads raises, the exception propagates (objects built before stay)."},
+    {"touch_keys", py_touch_keys, METH_VARARGS,
+     "touch_keys(live, keys) -> list[str]\n\n"
+     "Move every key of keys found in the dict live to its end (the most recently used place); return the\n"
+     "keys not found, in order."},
     {"store_steps", py_store_steps, METH_VARARGS, "store_steps(handle) -> list[str]\n\nThe step ids with rows."},
     {"store_meta", py_store_meta, METH_VARARGS,
      "store_meta(handle) -> dict[str, int]\n\nThe store's metadata and row counts."},

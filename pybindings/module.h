@@ -67,6 +67,7 @@ MP_METHOD(store_close);
 MP_METHOD(store_snapshot);
 MP_METHOD(store_get);
 MP_METHOD(store_hydrate_keys);
+MP_METHOD(touch_keys);
 MP_METHOD(store_steps);
 MP_METHOD(store_meta);
 MP_METHOD(store_gc);

@@ -87,6 +87,33 @@ def test_eviction_writes_changed_keys_at_the_current_epoch_and_drops_clean_ones(
         assert s.get(STEP, "k20") is None
 
 
+def test_a_prefetched_key_becomes_the_most_recently_used(tmp_path):
+    with _store(tmp_path, 10) as s:
+        for i in range(10):
+            s.get_or_build(STEP, f"k{i}")
+        # Touched as a batch, in any order: k0 and k1 are now the newest,
+        # so the oldest after them go first.
+        assert s.prefetch(STEP, iter(["k1", "nope", "k0"])) == 0
+        s.get_or_build(STEP, "k10")
+        assert s.evict(1) == 3
+        assert list(s._live[STEP]) == ["k5", "k6", "k7", "k8", "k9", "k1", "k0", "k10"]
+
+
+def test_touch_keys_moves_found_keys_to_the_end_and_returns_the_others():
+    from millpond import _core
+
+    live = {"a": 1, "b": 2, "c": 3}
+    assert _core.touch_keys(live, ["a", "x", "b", "x"]) == ["x", "x"]
+    assert list(live.items()) == [("c", 3), ("a", 1), ("b", 2)]
+    assert _core.touch_keys(live, (k for k in ["c"])) == []
+    assert list(live) == ["a", "b", "c"]
+    with pytest.raises(TypeError):
+        _core.touch_keys([], [])
+    with pytest.raises(TypeError, match="unhashable"):
+        _core.touch_keys(live, [["a"]])
+    assert list(live) == ["a", "b", "c"], "a failed call leaves the order of what it did not reach"
+
+
 def test_a_changed_key_evicted_then_snapshotted_in_the_same_epoch_keeps_its_last_value(tmp_path):
     with _store(tmp_path, 1) as s:
         s.get_or_build(STEP, "a").v = 1

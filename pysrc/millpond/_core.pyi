@@ -6,7 +6,7 @@ raises the "closed" error kind. Errors are raised as the exception class
 registered for their kind (set_error_types, done by millpond._corebridge).
 """
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 ERROR_KINDS: tuple[str, ...]
 SNAPSHOT_MODES: tuple[str, ...]
@@ -30,6 +30,7 @@ def store_hydrate_keys(
     handle: int, step_id: str, keys: list[str], live: dict[str, Any], skip: set[str],
     builder: Callable[[Any], Any], loads: Callable[[bytes], Any], /,
 ) -> int: ...
+def touch_keys(live: dict[str, Any], keys: Iterable[str], /) -> list[str]: ...
 def store_steps(handle: int, /) -> list[str]: ...
 def store_meta(handle: int, /) -> dict[str, int]: ...
 def store_gc(handle: int, committed_epoch: int, /) -> int: ...
