@@ -272,3 +272,52 @@ func TestReadsOfManyKeysDoNotWaitForTheStoreLock(t *testing.T) {
 	}
 	s.mu.Unlock()
 }
+
+// A read of keys that queued batches hold takes their rows from the
+// newest such batch, without waiting for the writer; the keys it does not
+// hold come from the file, and the page is in key order.
+func TestReadsTakeKeysOfQueuedBatchesFromTheQueue(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	_, err = s.Write(ctx, rowbatch.NewBatch(1, []rowbatch.Row{put("a", "file"), put("c", "file"), put("e", "file")}, false))
+	require.NoError(t, err)
+	s.mu.Lock() // the writer cannot write: every batch stays queued
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(2, []rowbatch.Row{put("b", "q2"), put("c", "q2")}, false), nil))
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, []rowbatch.Row{put("c", "q3"), del("e")}, false), nil))
+	got := make(chan []byte, 1)
+	go func() {
+		packed, err := s.GetManyPacked(ctx, "wc.count", []string{"e", "c", "a", "b", "c", "zz"})
+		assert.NoError(t, err)
+		got <- packed
+	}()
+	var packed []byte
+	select {
+	case packed = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the read waited for the writer")
+	}
+	s.mu.Unlock()
+	want := []byte{4}
+	for _, e := range []struct {
+		key   string
+		epoch int
+		val   string
+	}{{"a", 1, "file"}, {"b", 2, "q2"}, {"c", 3, "q3"}, {"e", 3, ""}} {
+		want = append(want, byte(len(e.key)))
+		want = append(want, e.key...)
+		want = append(want, byte(e.epoch))
+		if e.val == "" {
+			want = append(want, 0) // a deletion
+			continue
+		}
+		want = append(want, byte(len(e.val)+1))
+		want = append(want, e.val...)
+	}
+	assert.Equal(t, want, packed)
+	require.NoError(t, s.Flush())
+	after, err := s.GetManyPacked(ctx, "wc.count", []string{"e", "c", "a", "b", "zz"})
+	require.NoError(t, err)
+	assert.Equal(t, want, after, "the file, once written, reads the same")
+}

@@ -21,6 +21,7 @@ import (
 	"hash/maphash"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -479,10 +480,27 @@ func (s *Store) GetManyPacked(ctx context.Context, step string, keys []string) (
 	if keys = s.filter.filterKeys(step, keys); len(keys) == 0 {
 		return []byte{0}, nil // a packed page of no entries
 	}
-	s.waitFor(step, keys)
-	// No queued write holds these keys now, so the file as committed has
-	// their newest rows: its reader connection reads them while a write
-	// of other keys goes on.
+	keys = slices.Compact(slices.Sorted(slices.Values(keys)))
+	s.asyncMu.Lock()
+	queued, keys := s.fromQueue(step, keys)
+	s.asyncMu.Unlock()
+	packed := []byte{0}
+	if len(keys) > 0 {
+		var err error
+		if packed, err = s.readMany(ctx, step, keys); err != nil {
+			return nil, err
+		}
+	}
+	if len(queued) == 0 {
+		return packed, nil
+	}
+	return snapfile.MergePacked(packed, queued)
+}
+
+// readMany reads keys of step that no queued batch holds: the file as
+// committed has their newest rows. Its reader connection reads them while
+// the writer writes other keys.
+func (s *Store) readMany(ctx context.Context, step string, keys []string) ([]byte, error) {
 	s.swapMu.RLock()
 	if f := s.shared.Load(); f != nil {
 		packed, err := f.GetManyPackedConcurrent(ctx, step, keys, 0)

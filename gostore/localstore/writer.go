@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/snapfile"
 )
 
 // The writer: batches are written in order by one goroutine (WriteAsync),
@@ -111,6 +112,7 @@ func (s *Store) enqueue(b asyncBatch) error {
 	if !q.whole && len(b.batch.Rows) > 0 {
 		q.keys = newBatchFilter(s.filter.seed, len(b.batch.Rows))
 		q.keys.addRows(b.batch.Rows, nil)
+		q.epoch, q.rows = b.batch.Epoch, b.batch.Rows
 	}
 	s.asyncMu.Lock()
 	if err := s.asyncErr; err != nil {
@@ -131,10 +133,87 @@ func (s *Store) enqueue(b asyncBatch) error {
 // queuedBatch is what reads know of a batch in the writer's queue.
 type queuedBatch struct {
 	seq int64
-	// keys are the batch's keys (nil for a commit entry or a whole batch).
+	// keys are the batch's keys (nil for a whole batch).
 	keys *keyFilter
 	// whole marks a whole batch, which changes what every key reads.
 	whole bool
+	// epoch and rows are the batch's (not for a whole batch): a read of a
+	// key the batch holds takes its row from here. The writer may set
+	// the rows' Epoch fields as it writes them, so reads use epoch.
+	epoch int64
+	rows  []rowbatch.Row
+	// index finds a row by step and key; made by the first read that
+	// needs it.
+	index map[stepKey]int
+}
+
+// stepKey is a row's step and key.
+type stepKey struct{ step, key string }
+
+// row returns the batch's row of (step, key), if it holds one (the last,
+// if it holds several, as the write keeps the last). asyncMu is held.
+func (q *queuedBatch) row(step, key string) (*rowbatch.Row, bool) {
+	if q.index == nil {
+		q.index = make(map[stepKey]int, len(q.rows))
+		for i := range q.rows {
+			q.index[stepKey{q.rows[i].StepID, q.rows[i].Key}] = i
+		}
+	}
+	i, ok := q.index[stepKey{step, key}]
+	if !ok {
+		return nil, false
+	}
+	return &q.rows[i], true
+}
+
+// fromQueue answers reads of step's keys (sorted, distinct) that batches
+// not yet written hold, from the newest such batch, so those reads need
+// not wait for the writer: it returns their entries (in key order) and
+// the keys the file answers. If a whole batch is queued it waits until
+// none is (such a batch changes what every key reads). asyncMu is held.
+func (s *Store) fromQueue(step string, keys []string) ([]snapfile.PackedEntry, []string) {
+	for s.wholeQueued() {
+		s.idle.Wait()
+	}
+	if len(s.queue) == 0 {
+		return nil, keys
+	}
+	var found []snapfile.PackedEntry
+	rest := keys[:0:0]
+	for _, k := range keys {
+		hit := false
+		for i := len(s.queue) - 1; i >= 0 && !hit; i-- {
+			q := &s.queue[i]
+			if q.keys == nil || !q.keys.mayHold(step, k) {
+				continue
+			}
+			r, ok := q.row(step, k)
+			if !ok {
+				continue // a false positive of the batch's filter
+			}
+			hit = true
+			e := snapfile.PackedEntry{Key: k, Epoch: q.epoch, Deleted: r.Deleted}
+			if !r.Deleted {
+				// A copy: the batch's memory is freed once it is written.
+				e.Value = append([]byte{}, r.Value...)
+			}
+			found = append(found, e)
+		}
+		if !hit {
+			rest = append(rest, k)
+		}
+	}
+	return found, rest
+}
+
+// wholeQueued reports whether a whole batch is queued; asyncMu is held.
+func (s *Store) wholeQueued() bool {
+	for _, q := range s.queue {
+		if q.whole {
+			return true
+		}
+	}
+	return false
 }
 
 // dequeue drops the entry seq from the queue list; asyncMu is held.
@@ -185,7 +264,6 @@ func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
 				removeFile(path)
 			}
 		}
-		b.batch.Release()
 		s.asyncMu.Lock()
 		if err != nil && s.asyncErr == nil {
 			s.asyncErr = s.check(fmt.Errorf("background write of epoch %d: %w", b.batch.Epoch, err))
@@ -196,6 +274,8 @@ func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
 		// an empty queue.
 		s.idle.Broadcast()
 		s.asyncMu.Unlock()
+		// Only now: reads take rows from the batches listed in the queue.
+		b.batch.Release()
 	}
 }
 

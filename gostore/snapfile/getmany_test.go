@@ -338,3 +338,43 @@ func TestGetManyPackedStopsOnACancelledContext(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	assert.Len(t, getMany(t, f, "s", []string{"k00001"}, 0), 1, "the connection is usable afterwards")
 }
+
+func TestMergePackedInterleavesByKey(t *testing.T) {
+	ctx := context.Background()
+	f := newFile(t)
+	_, err := f.Write(ctx, []rowbatch.Row{row("s", "b", 1, "B"), row("s", "d", 1, "D"), del("s", "f", 1)})
+	require.NoError(t, err)
+	page, err := f.GetManyPacked(ctx, "s", []string{"b", "d", "f"}, 0)
+	require.NoError(t, err)
+	empty, err := f.GetManyPacked(ctx, "s", []string{"nope"}, 0)
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name  string
+		page  []byte
+		extra []PackedEntry
+		want  []rowbatch.Row
+	}{
+		{"nothing to add", page, nil, []rowbatch.Row{
+			{StepID: "s", Key: "b", Epoch: 1, Value: []byte("B")}, {StepID: "s", Key: "d", Epoch: 1, Value: []byte("D")},
+			{StepID: "s", Key: "f", Epoch: 1, Deleted: true}}},
+		{"into an empty page", empty, []PackedEntry{{Key: "a", Epoch: 2, Value: []byte("x")}, {Key: "z", Epoch: 3, Deleted: true}},
+			[]rowbatch.Row{{StepID: "s", Key: "a", Epoch: 2, Value: []byte("x")}, {StepID: "s", Key: "z", Epoch: 3, Deleted: true}}},
+		{"before, between and after", page, []PackedEntry{
+			{Key: "a", Epoch: 2, Value: []byte("A")}, {Key: "c", Epoch: 2, Value: []byte{}}, {Key: "e", Epoch: 4, Deleted: true},
+			{Key: "g", Epoch: 5, Value: []byte("G")}}, []rowbatch.Row{
+			{StepID: "s", Key: "a", Epoch: 2, Value: []byte("A")}, {StepID: "s", Key: "b", Epoch: 1, Value: []byte("B")},
+			{StepID: "s", Key: "c", Epoch: 2, Value: []byte{}}, {StepID: "s", Key: "d", Epoch: 1, Value: []byte("D")},
+			{StepID: "s", Key: "e", Epoch: 4, Deleted: true}, {StepID: "s", Key: "f", Epoch: 1, Deleted: true},
+			{StepID: "s", Key: "g", Epoch: 5, Value: []byte("G")}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			merged, err := MergePacked(tc.page, tc.extra)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, unpackRows(t, "s", merged))
+		})
+	}
+	for _, bad := range [][]byte{nil, {2, 1, 'a', 1, 0}, {1, 5, 'a'}, append(slices.Clone(page), 9)} {
+		_, err := MergePacked(bad, []PackedEntry{{Key: "k", Epoch: 1}})
+		assert.ErrorIs(t, err, errMalformedPage, "%v", bad)
+	}
+}

@@ -1,6 +1,9 @@
 package snapfile
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"errors"
+)
 
 // page accumulates the newest version of each key of a scan in one buffer,
 // so a page of thousands of keys costs a few allocations rather than two
@@ -89,3 +92,71 @@ func (p *page) pack(withDeleted bool) []byte {
 	}
 	return out
 }
+
+// PackedEntry is an entry for MergePacked: one key's newest row.
+type PackedEntry struct {
+	Key     string
+	Epoch   int64
+	Value   []byte
+	Deleted bool
+}
+
+// MergePacked returns a packed page (GetManyPacked's format) of the
+// entries of packed and of extra, in key order. extra must be sorted by
+// key and share no key with packed. A malformed packed page is an error.
+func MergePacked(packed []byte, extra []PackedEntry) ([]byte, error) {
+	n, w := binary.Uvarint(packed)
+	if w <= 0 {
+		return nil, errMalformedPage
+	}
+	b := packed[w:]
+	// Where each entry of packed starts and ends, and its key.
+	type span struct {
+		key        string
+		start, end int
+	}
+	spans := make([]span, 0, n)
+	off := w
+	for range n {
+		kl, kw := binary.Uvarint(b)
+		if kw <= 0 || kl > uint64(len(b)-kw) {
+			return nil, errMalformedPage
+		}
+		key := string(b[kw : kw+int(kl)])
+		rest := b[kw+int(kl):]
+		_, ew := binary.Uvarint(rest)
+		if ew <= 0 {
+			return nil, errMalformedPage
+		}
+		tag, tw := binary.Uvarint(rest[ew:])
+		if tw <= 0 || (tag > 0 && tag-1 > uint64(len(rest)-ew-tw)) {
+			return nil, errMalformedPage
+		}
+		size := kw + int(kl) + ew + tw
+		if tag > 0 {
+			size += int(tag - 1)
+		}
+		spans = append(spans, span{key, off, off + size})
+		off += size
+		b = b[size:]
+	}
+	if len(b) != 0 {
+		return nil, errMalformedPage
+	}
+	p := &page{buf: make([]byte, 0, len(packed))}
+	i := 0
+	for _, e := range extra {
+		for ; i < len(spans) && spans[i].key < e.Key; i++ {
+			p.starts = append(p.starts, len(p.buf))
+			p.buf = append(p.buf, packed[spans[i].start:spans[i].end]...)
+		}
+		p.add([]byte(e.Key), e.Epoch, e.Value, e.Deleted)
+	}
+	for ; i < len(spans); i++ {
+		p.starts = append(p.starts, len(p.buf))
+		p.buf = append(p.buf, packed[spans[i].start:spans[i].end]...)
+	}
+	return p.pack(true), nil
+}
+
+var errMalformedPage = errors.New("malformed packed page")
