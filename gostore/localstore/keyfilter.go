@@ -11,9 +11,10 @@ import (
 )
 
 // Each batch queued for the writer has a small filter of its own, of the
-// keys it holds, dropped once the batch is written: a read waits only for
-// the queued batches that may hold one of its keys, however long the
-// queue stays busy, and reads the rest while the writer goes on. A queued
+// keys it holds, dropped once the batch is written: a read of many keys
+// looks for each key only in the queued batches that may hold it (and
+// takes the row from the newest that does), and a single-key read waits
+// only for those batches, however long the queue stays busy. A queued
 // whole batch (a new generation) makes every read wait, as it changes
 // what every key reads.
 //

@@ -120,7 +120,7 @@ type Store struct {
 	lock   *lock
 
 	// Asynchronous writes (WriteAsync) go through one goroutine in order;
-	// every read and synchronous write waits for them first.
+	// reads and synchronous writes see them (writer.go).
 	asyncOnce sync.Once
 	async     chan asyncBatch
 	asyncDone chan struct{}

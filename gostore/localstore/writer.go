@@ -10,8 +10,10 @@ import (
 )
 
 // The writer: batches are written in order by one goroutine (WriteAsync),
-// so a recovery run hands an epoch's rows over and goes on; every read and
-// every synchronous write waits for the queue to drain first.
+// so a recovery run hands an epoch's rows over and goes on. A synchronous
+// write, a scan and a single-key read wait for the queue (or, for the
+// read, the batches holding its key) to drain first; a read of many keys
+// takes the rows of keys still queued from the queue itself (fromQueue).
 
 // asyncBatch is one entry of the writer's queue.
 type asyncBatch struct {
