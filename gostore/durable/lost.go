@@ -46,7 +46,7 @@ func checkLocalCommits(ctx context.Context, cfg Config, st State) error {
 		if err != nil {
 			continue
 		}
-		meta, err := localstore.Inspect(ctx, cfg.LocalDir, cfg.FlowID, w)
+		meta, err := localstore.InspectOther(ctx, cfg.LocalDir, cfg.FlowID, w)
 		if err != nil || meta.FlowID != cfg.FlowID {
 			continue
 		}

@@ -308,3 +308,40 @@ func TestAStoreHalfMadeByAKilledRunIsMadeAgain(t *testing.T) {
 	_, err := Open(ctx, cfg(dir), 0)
 	require.ErrorIs(t, err, ErrDamaged)
 }
+
+// Processes sharing a local state directory inspect every worker's store
+// at start while its owner may be removing and re-making it: inspecting
+// never creates or damages the owner's file.
+func TestInspectingAStoreItsOwnerRemakesNeverDamagesIt(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	rounds := 150
+	if raceDetector {
+		rounds = 30
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			InspectOther(ctx, dir, "wc", 0)
+		}
+	}()
+	for i := range rounds {
+		require.NoError(t, Remove(dir, "wc", 0))
+		s, err := Open(ctx, cfg(dir), 0)
+		require.NoError(t, err, "round %d", i)
+		_, err = s.Write(ctx, rowbatch.NewBatch(1, []rowbatch.Row{put("k", "v")}, false))
+		require.NoError(t, err)
+		require.NoError(t, s.Close())
+	}
+	close(stop)
+	<-done
+	_, bad := Damaged(dir, "wc", 0)
+	assert.False(t, bad)
+}

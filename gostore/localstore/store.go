@@ -313,6 +313,18 @@ func checkMeta(path string, got, want snapfile.Meta) error {
 // is, and one wrapping ErrLayoutChanged when it was written without row
 // checksums.
 func Inspect(ctx context.Context, dir, flowID string, worker int) (snapfile.Meta, error) {
+	return inspect(ctx, dir, flowID, worker, true)
+}
+
+// InspectOther is Inspect for a store another process may own and be
+// removing or re-making right now (a local state directory shared by the
+// processes of a cluster): a store it cannot read is an error, but it
+// records no damage, which is the owner's to find.
+func InspectOther(ctx context.Context, dir, flowID string, worker int) (snapfile.Meta, error) {
+	return inspect(ctx, dir, flowID, worker, false)
+}
+
+func inspect(ctx context.Context, dir, flowID string, worker int, mark bool) (snapfile.Meta, error) {
 	wdir := WorkerDir(dir, flowID, worker)
 	path := filepath.Join(wdir, FileName)
 	if _, err := os.Stat(path); err != nil {
@@ -321,9 +333,21 @@ func Inspect(ctx context.Context, dir, flowID string, worker int) (snapfile.Meta
 	if reason, bad := readMarker(wdir); bad {
 		return snapfile.Meta{}, markedError(wdir, reason)
 	}
-	f, err := snapfile.Open(ctx, path, snapfile.Options{})
+	// Read-only, and without the lock: other processes sharing the
+	// local state directory inspect every worker's store at start while
+	// its owner may be removing and re-making it. A writable connection
+	// to a path removed after the Stat above would create an empty
+	// database there, which the owner's next open must refuse as damage.
+	f, err := snapfile.Open(ctx, path, snapfile.Options{ReadOnly: true})
 	if err != nil {
-		return snapfile.Meta{}, damaged(wdir, path, fmt.Errorf("inspect local store: %w", err))
+		if _, statErr := os.Stat(path); errors.Is(statErr, os.ErrNotExist) {
+			return snapfile.Meta{}, fmt.Errorf("inspect local store: %w", statErr)
+		}
+		err = fmt.Errorf("inspect local store: %w", err)
+		if !mark {
+			return snapfile.Meta{}, err
+		}
+		return snapfile.Meta{}, damaged(wdir, path, err)
 	}
 	defer f.Close()
 	if !f.RowChecksums() {
