@@ -266,18 +266,22 @@ func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
 				removeFile(path)
 			}
 		}
+		// Off the queue list first: reads take rows from the batches
+		// listed there, so its memory may only be freed after. And freed
+		// before it counts as done: Flush promises every batch released.
+		s.asyncMu.Lock()
+		s.dequeue(b.seq)
+		s.asyncMu.Unlock()
+		b.batch.Release()
 		s.asyncMu.Lock()
 		if err != nil && s.asyncErr == nil {
 			s.asyncErr = s.check(fmt.Errorf("background write of epoch %d: %w", b.batch.Epoch, err))
 		}
 		s.pending--
-		s.dequeue(b.seq)
 		// Readers wait for the batches that hold their keys, not for
 		// an empty queue.
 		s.idle.Broadcast()
 		s.asyncMu.Unlock()
-		// Only now: reads take rows from the batches listed in the queue.
-		b.batch.Release()
 	}
 }
 
