@@ -962,6 +962,10 @@ func TestClusterRefusesForeignWholeMarks(t *testing.T) {
 	require.Eventually(t, func() bool { return procs[0].run.Err() != nil }, waitFor, tick)
 	assert.Contains(t, procs[0].run.Err().Error(), "process 1 (workers 1..1) marked worker 0's batch of epoch 2 whole")
 	assert.ErrorIs(t, procs[0].run.Err(), durable.ErrCluster)
+	// The follower learns of the leader's failure on its own time; a
+	// Finish before that has nothing of its own left to wait for (its
+	// last closed epoch is committed) and returns nil.
+	require.Eventually(t, func() bool { return procs[1].run.Err() != nil }, waitFor, tick)
 	errs := parallel(2, func(p int) error { return procs[p].run.Finish(false) })
 	assert.Error(t, errs[0])
 	assert.Error(t, errs[1])
