@@ -131,6 +131,13 @@ func (f *keyFilter) addRows(rows []rowbatch.Row, pending *keyFilter) {
 	}
 }
 
+// has reports whether any part holds the hashes (from hash).
+func (f *keyFilter) has(a, b uint64) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.hasLocked(a, b)
+}
+
 // hasLocked reports whether any part holds the hashes; f.mu is held.
 func (f *keyFilter) hasLocked(a, b uint64) bool {
 	for _, p := range f.parts {

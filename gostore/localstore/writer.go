@@ -61,9 +61,14 @@ func (s *Store) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
 // for it too). Pass nil otherwise.
 func (s *Store) WriteAsync(b rowbatch.Batch, staged <-chan string) error {
 	// Before the batch is queued: a read that the filter lets through
-	// then waits for it (enqueue marks its keys queued).
-	s.filter.addRows(b.Rows, nil)
-	return s.enqueue(asyncBatch{batch: b, staged: staged})
+	// then finds it in the queue list. Its own filter (for reads of the
+	// queue) gets the keys from the same hashing.
+	var keys *keyFilter
+	if !b.Whole && len(b.Rows) > 0 {
+		keys = newBatchFilter(s.filter.seed, len(b.Rows))
+	}
+	s.filter.addRows(b.Rows, keys)
+	return s.enqueue(asyncBatch{batch: b, staged: staged}, keys)
 }
 
 // StartsGeneration reports whether WriteAsync takes b as a new generation:
@@ -102,7 +107,9 @@ func (s *Store) NoteCommitted(epoch int64) {
 	}
 }
 
-func (s *Store) enqueue(b asyncBatch) error {
+// enqueue hands b to the writer; keys is the filter of b's keys (nil for
+// a whole or empty batch).
+func (s *Store) enqueue(b asyncBatch, keys *keyFilter) error {
 	s.asyncOnce.Do(func() {
 		ch := make(chan asyncBatch, 4)
 		s.asyncMu.Lock()
@@ -110,10 +117,8 @@ func (s *Store) enqueue(b asyncBatch) error {
 		s.asyncMu.Unlock()
 		go s.runAsync(ch, s.asyncDone)
 	})
-	q := queuedBatch{whole: b.batch.Whole}
-	if !q.whole && len(b.batch.Rows) > 0 {
-		q.keys = newBatchFilter(s.filter.seed, len(b.batch.Rows))
-		q.keys.addRows(b.batch.Rows, nil)
+	q := queuedBatch{whole: b.batch.Whole, keys: keys}
+	if keys != nil {
 		q.epoch, q.rows = b.batch.Epoch, b.batch.Rows
 	}
 	s.asyncMu.Lock()
@@ -184,9 +189,12 @@ func (s *Store) fromQueue(step string, keys []string) ([]snapfile.PackedEntry, [
 	rest := keys[:0:0]
 	for _, k := range keys {
 		hit := false
+		// Every batch filter shares the store filter's seed: one hash
+		// serves them all.
+		a, b := s.filter.hash(step, k)
 		for i := len(s.queue) - 1; i >= 0 && !hit; i-- {
 			q := &s.queue[i]
-			if q.keys == nil || !q.keys.mayHold(step, k) {
+			if q.keys == nil || !q.keys.has(a, b) {
 				continue
 			}
 			r, ok := q.row(step, k)

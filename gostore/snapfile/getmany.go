@@ -86,9 +86,10 @@ func (f *File) getManyPacked(ctx context.Context, conn func() (*bulkConn, error)
 	if len(keys) == 0 {
 		return p.pack(true), nil
 	}
-	sorted := slices.Clone(keys)
-	slices.Sort(sorted)
-	sorted = slices.Compact(sorted)
+	sorted := keys
+	if !sortedDistinct(keys) {
+		sorted = slices.Compact(slices.Sorted(slices.Values(keys)))
+	}
 	b, err := conn()
 	if err != nil {
 		return nil, fmt.Errorf("get %d keys of %s from %s: %w", len(sorted), step, f.path, err)
@@ -207,4 +208,15 @@ func (b *bulkConn) getOne(st uintptr, p *page, f *File, step, key []byte) error 
 		p.add(key, epoch, val, deleted)
 		added, bestEpoch, bestSrc = true, epoch, src
 	}
+}
+
+// sortedDistinct reports whether keys are in strictly increasing order
+// (a caller that sorted them already spares the copy and the sort).
+func sortedDistinct(keys []string) bool {
+	for i := 1; i < len(keys); i++ {
+		if keys[i-1] >= keys[i] {
+			return false
+		}
+	}
+	return true
 }
