@@ -44,6 +44,19 @@ typedef int (*mp_handle_fn)(uintptr_t, int *, char **);
 typedef int (*mp_handle_json_fn)(uintptr_t, char **, int *, char **);
 PyObject *mp_call_handle(PyObject *args, mp_handle_fn fn);
 PyObject *mp_call_handle_json(PyObject *args, mp_handle_json_fn fn);
+// A growing malloc'd byte buffer.
+typedef struct {
+    char *p;
+    size_t len, cap;
+} mp_buf;
+// Makes room for more bytes; -1 with MemoryError set.
+int mp_buf_grow(mp_buf *b, size_t more);
+// Sets up pickle.c (the datetime C API, copyreg's table); -1 on error.
+int mp_pickle_init(void);
+// Appends the pickle of obj at protocol proto to out when pickle.c's
+// writer handles every part of obj: 0 written, 1 not handled (out as it
+// was; the caller uses pickle.dumps), -1 error set.
+int mp_fast_pickle(PyObject *obj, int proto, mp_buf *out);
 // Packs a store's touched keys into one malloc'd rowbatch buffer
 // (snapshot.c); NULL with an exception set on failure.
 char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObject *protocol, size_t *out_len);
@@ -68,6 +81,7 @@ MP_METHOD(store_snapshot);
 MP_METHOD(store_get);
 MP_METHOD(store_hydrate_keys);
 MP_METHOD(touch_keys);
+MP_METHOD(fast_pickle);
 MP_METHOD(store_steps);
 MP_METHOD(store_meta);
 MP_METHOD(store_gc);
