@@ -118,6 +118,10 @@ static PyMethodDef methods[] = {
      "The pickle snapshots write for obj when their C writer handles all of it (plain built-in values,\n"
      "dates, naive and UTC datetimes, timedeltas; no list, dict or set reached twice); None when pickle.dumps\n"
      "must. pickle.loads of the bytes gives an object equal to obj, of the same types."},
+    {"snapshot_time", py_snapshot_time, METH_O,
+     "snapshot_time(t) -> int | object\n\n"
+     "A datetime whose tzinfo is timezone.utc as microseconds since 1970 (what windowing snapshots keep);\n"
+     "any other value as it is."},
     {"store_steps", py_store_steps, METH_VARARGS, "store_steps(handle) -> list[str]\n\nThe step ids with rows."},
     {"store_meta", py_store_meta, METH_VARARGS,
      "store_meta(handle) -> dict[str, int]\n\nThe store's metadata and row counts."},

@@ -82,6 +82,7 @@ MP_METHOD(store_get);
 MP_METHOD(store_hydrate_keys);
 MP_METHOD(touch_keys);
 MP_METHOD(fast_pickle);
+MP_METHOD(snapshot_time);
 MP_METHOD(store_steps);
 MP_METHOD(store_meta);
 MP_METHOD(store_gc);

@@ -257,6 +257,42 @@ static int put_value(writer *w, PyObject *obj, int depth) {
 }
 
 static PyObject *dispatch_table = NULL;
+static PyObject *unix_epoch = NULL, *one_microsecond = NULL, *tzinfo_name = NULL;
+
+// Days from 1970-01-01 to a proleptic Gregorian date.
+static int64_t days_from_civil(int64_t y, int m, int d) {
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    int64_t yoe = y - era * 400;
+    int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+    int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+// snapshot_time(t) -> int | t: a UTC datetime (tzinfo is timezone.utc) as
+// microseconds since 1970, what windowing snapshots keep (an int pickles
+// in a fraction of a datetime's time); any other value as it is. A
+// subclass of datetime goes through (t - 1970) // 1 us, so its own
+// arithmetic decides, as in the Python this replaces.
+MP_METHOD(snapshot_time) {  // METH_O: args is t
+    PyObject *t = args;
+    if (PyDateTime_CheckExact(t)) {
+        if (PyDateTime_DATE_GET_TZINFO(t) != PyDateTime_TimeZone_UTC) return Py_NewRef(t);
+        int64_t days = days_from_civil(PyDateTime_GET_YEAR(t), PyDateTime_GET_MONTH(t), PyDateTime_GET_DAY(t));
+        int64_t secs = ((days * 24 + PyDateTime_DATE_GET_HOUR(t)) * 60 + PyDateTime_DATE_GET_MINUTE(t)) * 60 +
+                       PyDateTime_DATE_GET_SECOND(t);
+        return PyLong_FromLongLong(secs * 1000000 + PyDateTime_DATE_GET_MICROSECOND(t));
+    }
+    if (!PyDateTime_Check(t)) return Py_NewRef(t);
+    PyObject *tz = PyObject_GetAttr(t, tzinfo_name);
+    if (tz == NULL) return NULL;
+    Py_DECREF(tz);
+    if (tz != PyDateTime_TimeZone_UTC) return Py_NewRef(t);
+    PyObject *delta = PyNumber_Subtract(t, unix_epoch);
+    PyObject *micros = delta ? PyNumber_FloorDivide(delta, one_microsecond) : NULL;
+    Py_XDECREF(delta);
+    return micros;
+}
 
 int mp_pickle_init(void) {
     PyDateTime_IMPORT;
@@ -265,7 +301,11 @@ int mp_pickle_init(void) {
     dispatch_table = copyreg ? PyObject_GetAttrString(copyreg, "dispatch_table") : NULL;
     Py_XDECREF(copyreg);
     if (dispatch_table != NULL && !PyDict_Check(dispatch_table)) Py_CLEAR(dispatch_table);
-    return dispatch_table == NULL ? -1 : 0;
+    unix_epoch = PyDateTimeAPI->DateTime_FromDateAndTime(1970, 1, 1, 0, 0, 0, 0, PyDateTime_TimeZone_UTC,
+                                                         PyDateTimeAPI->DateTimeType);
+    one_microsecond = PyDelta_FromDSU(0, 0, 1);
+    tzinfo_name = PyUnicode_InternFromString("tzinfo");
+    return dispatch_table == NULL || unix_epoch == NULL || one_microsecond == NULL || tzinfo_name == NULL ? -1 : 0;
 }
 
 int mp_fast_pickle(PyObject *obj, int proto, mp_buf *out) {

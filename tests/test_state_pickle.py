@@ -228,3 +228,34 @@ def test_snapshots_keep_what_only_pickle_keeps(tmp_path):
     assert got[1][0] is got[1], "the cycle survives"
     assert isinstance(got[2], Point) and got[2].x == 4
     assert got[3] == values[3]
+
+
+# -- windowing's snapshot times (also C) ---------------------------------------------
+
+_UNIX = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+class MyDatetime(datetime):
+    pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(UTC_TIMES)
+def test_snapshot_time_of_a_utc_datetime_is_its_microseconds_since_1970(t):
+    assert _core.snapshot_time(t) == (t - _UNIX) // timedelta(microseconds=1)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, datetime(2024, 1, 1), datetime(2024, 1, 1, tzinfo=timezone(timedelta(0), "Z")), 5, "x"],
+    ids=repr,
+)
+def test_snapshot_time_leaves_anything_else_as_it_is(value):
+    assert _core.snapshot_time(value) is value
+
+
+def test_snapshot_time_of_a_datetime_subclass_uses_its_own_arithmetic():
+    t = MyDatetime(2024, 3, 1, 12, tzinfo=timezone.utc)
+    assert _core.snapshot_time(t) == (t - _UNIX) // timedelta(microseconds=1)
+    naive = MyDatetime(2024, 3, 1)
+    assert _core.snapshot_time(naive) is naive

@@ -17,6 +17,8 @@ from abc import ABC, abstractmethod
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional, Tuple
 
+from millpond import _core
+
 __all__ = ["Clock", "ClockLogic", "EventClock", "SystemClock", "UTC_MAX", "UTC_MIN"]
 
 #: The earliest / latest aware UTC datetimes (the watermark before any item,
@@ -30,16 +32,14 @@ def _utcnow() -> datetime:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_MICROSECOND = timedelta(microseconds=1)
 
 
-def to_snapshot_time(t: Optional[datetime]) -> Any:
-    """``t`` as it goes into a snapshot: a UTC datetime as microseconds since
-    1970 (an int pickles in a fraction of a datetime's time, and a key's
-    snapshot is rewritten every epoch it is touched); anything else as is."""
-    if t is not None and t.tzinfo is timezone.utc:
-        return (t - _EPOCH) // _MICROSECOND
-    return t
+#: ``to_snapshot_time(t)``: ``t`` as it goes into a snapshot: a UTC datetime
+#: (``tzinfo is timezone.utc``) as microseconds since 1970 (an int pickles in
+#: a fraction of a datetime's time, and a key's snapshot is rewritten every
+#: epoch it is touched); anything else as is. In C: a key's snapshot converts
+#: a handful of times, and ``(t - 1970) // 1 us`` in Python cost 0.3 us each.
+to_snapshot_time: Callable[[Any], Any] = _core.snapshot_time
 
 
 def from_snapshot_time(t: Any) -> Any:
