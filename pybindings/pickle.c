@@ -27,12 +27,19 @@ enum {
     MAX_SHARED = 64,
 };
 
+// The classes (and the UTC singleton) a value may name. Each is written
+// once and memoized: loads looks a global up in its module every time it
+// is named, about 1 us, which a state of many datetimes would pay per item.
+enum { G_DATETIME, G_DATE, G_TIMEDELTA, G_UTC, N_GLOBALS };
+
 typedef struct {
     mp_buf *out;
     int proto;
     PyObject *dispatch;  // copyreg.dispatch_table (borrowed)
     PyObject *seen[MAX_SHARED];
     int n_seen;
+    int memo[N_GLOBALS];  // memo index + 1 of each global written, 0: not yet
+    int n_memo;
 } writer;
 
 // 0: supported and written; 1: not supported here; -1: error set.
@@ -40,7 +47,7 @@ static int put_value(writer *w, PyObject *obj, int depth);
 
 int mp_buf_grow(mp_buf *b, size_t more) {
     if (b->len + more <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 1 << 16;
+    size_t cap = b->cap ? b->cap : 4096;
     while (cap < b->len + more) cap *= 2;
     char *np = realloc(b->p, cap);
     if (np == NULL) {
@@ -94,9 +101,20 @@ static int put_sized(writer *w, unsigned char short_op, unsigned char op4, unsig
 
 static int put_str(writer *w, const char *s) { return put_sized(w, 0x8c, 'X', 0x8d, s, strlen(s)); }
 
-// module.name as STACK_GLOBAL (protocol 4 resolves a dotted name).
-static int put_global(writer *w, const char *module, const char *name) {
-    return (put_str(w, module) < 0 || put_str(w, name) < 0) ? -1 : put_op(w, 0x93);
+// datetime.<name> as STACK_GLOBAL (protocol 4 resolves a dotted name),
+// memoized (MEMOIZE) the first time and fetched (BINGET) after that. The
+// writer memoizes nothing else, so the memo holds only these, in order.
+static int put_global(writer *w, int which) {
+    static const char *const names[N_GLOBALS] = {"datetime", "date", "timedelta", "timezone.utc"};
+    if (w->memo[which]) {
+        unsigned char get[2] = {'h', (unsigned char)(w->memo[which] - 1)};
+        return put(w, get, 2);
+    }
+    if (put_str(w, "datetime") < 0 || put_str(w, names[which]) < 0) return -1;
+    unsigned char ops[2] = {0x93, 0x94};  // STACK_GLOBAL, MEMOIZE
+    if (put(w, ops, 2) < 0) return -1;
+    w->memo[which] = ++w->n_memo;
+    return 0;
 }
 
 // A list, dict or set seen before in this value: only pickle's memo keeps
@@ -180,7 +198,7 @@ static int plain_datetime_type(writer *w, PyObject *obj) {
 // the class and its state bytes, or timedelta's three fields.
 static int put_datetime(writer *w, PyObject *obj) {
     if (Py_IS_TYPE(obj, PyDateTimeAPI->DeltaType)) {
-        if (put_global(w, "datetime", "timedelta") < 0 || put_int(w, PyDateTime_DELTA_GET_DAYS(obj)) < 0 ||
+        if (put_global(w, G_TIMEDELTA) < 0 || put_int(w, PyDateTime_DELTA_GET_DAYS(obj)) < 0 ||
             put_int(w, PyDateTime_DELTA_GET_SECONDS(obj)) < 0 ||
             put_int(w, PyDateTime_DELTA_GET_MICROSECONDS(obj)) < 0)
             return -1;
@@ -188,7 +206,7 @@ static int put_datetime(writer *w, PyObject *obj) {
         return put(w, tail, 2);
     }
     if (Py_IS_TYPE(obj, PyDateTimeAPI->DateType)) {
-        if (put_global(w, "datetime", "date") < 0 ||
+        if (put_global(w, G_DATE) < 0 ||
             put_sized(w, 'C', 'B', 0x8e, (const char *)((PyDateTime_Date *)obj)->data, _PyDateTime_DATE_DATASIZE) < 0)
             return -1;
         unsigned char tail[2] = {0x85, 'R'};
@@ -200,13 +218,13 @@ static int put_datetime(writer *w, PyObject *obj) {
     unsigned char data[_PyDateTime_DATETIME_DATASIZE];
     memcpy(data, ((PyDateTime_DateTime *)obj)->data, sizeof data);
     if (PyDateTime_DATE_GET_FOLD(obj)) data[2] |= 128;  // how __reduce_ex__(4+) keeps fold
-    if (put_global(w, "datetime", "datetime") < 0 || put_sized(w, 'C', 'B', 0x8e, (const char *)data, sizeof data) < 0)
+    if (put_global(w, G_DATETIME) < 0 || put_sized(w, 'C', 'B', 0x8e, (const char *)data, sizeof data) < 0)
         return -1;
     if (tz == Py_None) {
         unsigned char tail[2] = {0x85, 'R'};
         return put(w, tail, 2);
     }
-    if (put_global(w, "datetime", "timezone.utc") < 0) return -1;
+    if (put_global(w, G_UTC) < 0) return -1;
     unsigned char tail[2] = {0x86, 'R'};
     return put(w, tail, 2);
 }

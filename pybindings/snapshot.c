@@ -31,6 +31,13 @@ static int put_bytes(mp_buf *b, const char *s, size_t n) { return put_sized(b, s
 
 static int put_value(mp_buf *b, const char *s, size_t n) { return put_sized(b, s, n, 1); }
 
+// The C writer gives up on a state only after walking it; a step whose
+// states are not plain (a class of the user's deep inside) would pay that
+// walk on top of pickle.dumps for every key. After this many keys of a
+// step in a row that it gave up on, the rest of the step's keys in this
+// snapshot go straight to dumps.
+enum { GIVE_UP_AFTER = 8 };
+
 // mp_pack_snapshot(dirty: dict[str, dict[str, None]], live: dict[str,
 // dict[str, obj]], dumps, protocol) packs every touched key (a deletion
 // for a touched key that is not live) and returns the buffer and its
@@ -71,6 +78,7 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
             goto fail;
         }
         Py_ssize_t kpos = 0, touched = PyDict_GET_SIZE(keys);
+        int misses = 0;
         PyObject *key, *unused;
         while (PyDict_Next(keys, &kpos, &key, &unused)) {
             // .snapshot() is user code: if it touched the store, the walk
@@ -92,13 +100,15 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
                 continue;
             }
             PyObject *state = PyObject_CallMethodNoArgs(obj, snapshot_name);
-            int rc = fast && state ? mp_fast_pickle(state, (int)proto, &scratch) : 1;
+            int rc = fast && state && misses < GIVE_UP_AFTER ? mp_fast_pickle(state, (int)proto, &scratch) : 1;
             if (rc <= 0) {
                 Py_DECREF(state);
                 if (rc < 0 || put_value(&b, scratch.p, scratch.len) < 0) goto fail;
                 scratch.len = 0;
+                misses = 0;
                 continue;
             }
+            misses++;
             PyObject *argv[2] = {state, protocol};
             PyObject *pickled = state ? PyObject_Vectorcall(dumps, argv, 2, NULL) : NULL;
             Py_XDECREF(state);

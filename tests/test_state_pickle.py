@@ -13,6 +13,7 @@ from __future__ import annotations
 import copyreg
 import math
 import pickle
+import pickletools
 import struct
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
@@ -228,6 +229,32 @@ def test_snapshots_keep_what_only_pickle_keeps(tmp_path):
     assert got[1][0] is got[1], "the cycle survives"
     assert isinstance(got[2], Point) and got[2].x == 4
     assert got[3] == values[3]
+
+
+def test_a_step_of_states_that_are_not_plain_still_snapshots_every_key(tmp_path):
+    """After a run of keys the C writer gave up on, the step's other keys go
+    to pickle.dumps: plain or not, each state resumes as it was."""
+    values = [Point(i) for i in range(30)] + [(i, datetime(2024, 1, 1, tzinfo=timezone.utc)) for i in range(30)]
+    values += [[Point(1), i] for i in range(5)] + [i for i in range(5)]
+    got = _through_store(tmp_path, values)
+    for g, v in zip(got, values):
+        if isinstance(v, Point):
+            assert isinstance(g, Point) and g.x == v.x
+        elif isinstance(v, list):
+            assert isinstance(g[0], Point) and g[1] == v[1]
+        else:
+            assert same(g, v)
+
+
+def test_each_datetime_class_is_named_once_per_pickle():
+    """loads looks up a global each time a pickle names it (about 1 us): a
+    state of many datetimes names each class once and refers back to it."""
+    value = [(datetime(2024, 1, 1, tzinfo=timezone.utc) + timedelta(seconds=i), date(2024, 1, i + 1),
+              timedelta(seconds=i), datetime(2024, 1, 1)) for i in range(10)]
+    data = fast(value)
+    ops = [op.name for op, _, _ in pickletools.genops(data)]
+    assert ops.count("STACK_GLOBAL") == 4, "datetime, timezone.utc, date and timedelta, once each"
+    assert same(pickle.loads(data), value)
 
 
 # -- windowing's snapshot times (also C) ---------------------------------------------
