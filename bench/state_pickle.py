@@ -15,6 +15,14 @@ For a range of state shapes this prints, per state, in one process:
 
 Best of 5 timings each; ratios are ``dumps / C``.
 
+A second table writes ``(count, <N random bytes>)`` states of several sizes
+through ``StateStore.snapshot`` (20k keys, five epochs, every key each
+epoch, no commit: every version stays) and prints the time per key of the
+first write and of the best later one, and the local store's bytes per
+byte of state written (key + pickle, all versions). It shows the local
+store's page size at work: a row past about a quarter of a page spills to
+an overflow page of its own.
+
     .venv/bin/python bench/state_pickle.py [--keys 20000]
 """
 
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import pickle
 import tempfile
 import time
@@ -95,6 +104,27 @@ def _us(x: Optional[float]) -> str:
     return "-" if x is None else f"{x * 1e6:.2f}"
 
 
+def _sizes(keys: int) -> None:
+    print()
+    print(f"{'state bytes':>11} | {'first write us/key':>18} | {'later us/key':>12} | {'local bytes / state bytes':>25}")
+    for size in (100, 900, 1000, 2000, 4000, 6000):
+        state = (7, os.urandom(size))
+        row_bytes = keys * (8 + len(pickle.dumps(state, 5)))
+        with tempfile.TemporaryDirectory() as d:
+            store = StateStore.open(d, "bench")
+            store.register("s", _Holder)
+            times = []
+            for epoch in range(1, 6):
+                for i in range(keys):
+                    store.set("s", f"k{i:07d}", _Holder(state))
+                t0 = time.perf_counter()
+                store.snapshot(epoch)
+                times.append((time.perf_counter() - t0) / keys)
+            store.close()
+            disk = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs)
+        print(f"{size:>11} | {times[0] * 1e6:>18.2f} | {min(times[1:]) * 1e6:>12.2f} | {disk / (5 * row_bytes):>25.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keys", type=int, default=20000, help="keys per StateStore.snapshot")
@@ -121,6 +151,7 @@ def main() -> None:
         ratio = f"{dumps / c:.1f}" if c else "-"
         print(f"{name:44} | {_us(dumps):>8} | {_us(c):>6} | {ratio:>5} | {_us(give_up):>10} | "
               f"{_us(load_d):>12} | {_us(load_c):>8} | {_us(snap):>15}")
+    _sizes(args.keys)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if PY_VERSION_HEX < 0x030B0000  // public from 3.11 on
+#define PyFloat_Pack8(x, p, le) _PyFloat_Pack8((x), (unsigned char *)(p), (le))
+#endif
+
 enum {
     MAX_DEPTH = 64,
     // Mutable containers remembered to detect sharing; a value with more
@@ -175,13 +179,19 @@ static int put_set(writer *w, PyObject *s, int depth, int frozen) {
     if (!frozen && put_op(w, 0x8f) < 0) return -1;  // EMPTY_SET
     if (!frozen && PySet_GET_SIZE(s) == 0) return 0;
     if (put_op(w, '(') < 0) return -1;
-    Py_ssize_t pos = 0;
+    // Iterating an exact set runs no user code (its items' hashes are
+    // stored), and a set that changed size would raise here.
+    PyObject *it = PyObject_GetIter(s);
+    if (it == NULL) return -1;
     PyObject *item;
-    Py_hash_t hash;
-    while (_PySet_NextEntry(s, &pos, &item, &hash)) {
-        int rc = put_value(w, item, depth);
-        if (rc) return rc;
+    int rc = 0;
+    while (rc == 0 && (item = PyIter_Next(it)) != NULL) {
+        rc = put_value(w, item, depth);
+        Py_DECREF(item);
     }
+    Py_DECREF(it);
+    if (rc) return rc;
+    if (PyErr_Occurred()) return -1;
     return put_op(w, frozen ? 0x91 : 0x90);  // FROZENSET, ADDITEMS
 }
 

@@ -260,8 +260,9 @@ func TestStagedWholeBatch(t *testing.T) {
 			left, err := filepath.Glob(filepath.Join(WorkerDir(dir, "wc", 0), stagedPattern))
 			require.NoError(t, err)
 			assert.Empty(t, left, "staged copies are taken or removed")
-			// The segment has 1 KiB pages, a store written afresh 4 KiB.
-			wantPage := 4096
+			// The segment has 1 KiB pages, a store written afresh
+			// snapfile.LocalPageSize.
+			wantPage := snapfile.LocalPageSize
 			if c.adopted {
 				wantPage = 1024
 			}

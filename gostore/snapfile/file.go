@@ -86,11 +86,22 @@ type Options struct {
 }
 
 // LargePageSize is the page size of segments created with LargePages; it
-// pays off from about LargePageRows rows.
+// pays off from about LargePageRows rows. It is LocalPageSize: the segment
+// of a whole-state epoch may become a local store (a copy of it does,
+// see localstore's generations), which then keeps its pages.
 const (
-	LargePageSize = 8192
+	LargePageSize = LocalPageSize
 	LargePageRows = 8192
 )
+
+// LocalPageSize is the page size of files that are not segments (local
+// stores). A row whose record passes about a quarter of a page (the
+// table's rows are keys of an index b-tree: WITHOUT ROWID) spills to an
+// overflow page of its own. With 4 KiB pages that was every state of
+// about 1 KB and up: a 1-KB state took a 4 KiB page and half, and wrote
+// at half the speed. 16 KiB pages keep states up to about 4 KB in the
+// b-tree. A file keeps the page size it was created with.
+const LocalPageSize = 16384
 
 // File is an open snapshot file. Its methods are safe for use by one
 // goroutine at a time; callers serialize access.
@@ -119,6 +130,8 @@ type File struct {
 	// first call; readMu serializes those calls.
 	readMu sync.Mutex
 	reader *bulkConn
+	// pageSize is SQLite's page size of the file (fitsBuffer).
+	pageSize int
 }
 
 // cacheMiB is the page cache size each connection to the file gets.
@@ -195,18 +208,53 @@ func Create(ctx context.Context, path string, meta Meta, o Options) (*File, erro
 		os.Remove(path)
 		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
 	}
+	if !o.Segment {
+		if err := setPageSize(ctx, path, LocalPageSize); err != nil {
+			os.Remove(path)
+			return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
+		}
+	}
 	db, err := openDB(path, o)
 	if err != nil {
 		os.Remove(path)
 		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
 	}
 	f := &File{db: db, path: path, meta: meta, opts: o}
+	if err := f.db.QueryRowContext(ctx, `PRAGMA page_size`).Scan(&f.pageSize); err != nil {
+		db.Close()
+		os.Remove(path)
+		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
+	}
 	if err := f.init(ctx); err != nil {
 		db.Close()
 		os.Remove(path)
 		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
 	}
 	return f, nil
+}
+
+// setPageSize gives the empty database at path pages of size bytes, with
+// incremental auto-vacuum. The driver applies a DSN's pragmas in an order
+// of its own, and journal_mode(WAL) writes the header, which fixes the
+// page size, before page_size is applied; so both are set first, on a
+// connection of their own, and VACUUM writes them into the header.
+func setPageSize(ctx context.Context, path string, size int) error {
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	for _, q := range []string{fmt.Sprintf("PRAGMA page_size = %d", size), "PRAGMA auto_vacuum = INCREMENTAL", "VACUUM"} {
+		if _, err := conn.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("set page size %d: %s: %w", size, q, err)
+		}
+	}
+	return nil
 }
 
 func (f *File) init(ctx context.Context) error {
@@ -327,6 +375,9 @@ func (f *File) findRecent(ctx context.Context) error {
 		return err
 	}
 	f.hasIndex = idx > 0
+	if err := f.db.QueryRowContext(ctx, `PRAGMA page_size`).Scan(&f.pageSize); err != nil {
+		return err
+	}
 	var n int
 	if err := f.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'recent'`).Scan(&n); err != nil {
 		return err

@@ -102,7 +102,8 @@ func (f *File) write(ctx context.Context, rows []rowbatch.Row, newest int64) (in
 }
 
 // Buffering limits: a batch goes to the recent table while the table stays
-// under recentMaxRows and the batch is under 1/32 of the store's bytes.
+// under recentMaxRows and the batch is under 1/32 of the store's bytes
+// (with 4 KiB pages; a fraction as much smaller as the pages are larger).
 // A page holds a few dozen rows, so a batch of a few percent of the rows
 // already touches most of snaps' pages: buffering it would only write it
 // twice. Below that, it saves nearly a page write per row.
@@ -125,7 +126,8 @@ func (f *File) fitsBuffer(rows []rowbatch.Row) bool {
 			store += st.Size()
 		}
 	}
-	return size*recentStoreFrac <= store
+	frac := int64(recentStoreFrac) * int64(max(f.pageSize, 4096)) / 4096
+	return size*frac <= store
 }
 
 // IndexPending reports that snaps lacks its epoch index (a local store
