@@ -321,3 +321,49 @@ func TestReadsTakeKeysOfQueuedBatchesFromTheQueue(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, want, after, "the file, once written, reads the same")
 }
+
+// The filter fills on connections of its own while the store is written
+// and generations replace its file (a whole-state batch, then its commit);
+// once ready, it holds every key the store holds, from the old file, the
+// generation and the writes alike.
+func TestKeyFilterFillsWhileGenerationsReplaceTheFile(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	const n = 30000 // several of the fill's pages
+	key := func(i int) string { return fmt.Sprintf("k%06d", i) }
+	s, err := Open(ctx, cfg(dir), 0)
+	require.NoError(t, err)
+	rows := make([]rowbatch.Row, n)
+	for i := range rows {
+		rows[i] = put(key(i), "v1")
+	}
+	_, err = s.Write(ctx, rowbatch.NewBatch(1, rows, false))
+	require.NoError(t, err)
+	s.NoteCommitted(1)
+	require.NoError(t, s.Close())
+
+	for round := 0; round < 3; round++ {
+		s, err = Open(ctx, cfg(dir), 0)
+		require.NoError(t, err)
+		// While the fill walks the file: a whole state with keys of its
+		// own replaces it, and more keys are written after it.
+		epoch := int64(2 + 2*round)
+		whole := make([]rowbatch.Row, 0, n+100)
+		for i := 0; i < n+100*(round+1); i++ {
+			whole = append(whole, put(key(i), fmt.Sprintf("v%d", epoch)))
+		}
+		require.NoError(t, s.WriteAsync(rowbatch.NewBatch(epoch, whole, true), nil))
+		require.NoError(t, s.WriteAsync(rowbatch.NewBatch(epoch+1, []rowbatch.Row{put(fmt.Sprintf("late%d", round), "x")}, false), nil))
+		require.NoError(t, s.Flush())
+		s.NoteCommitted(epoch)
+		require.NoError(t, s.Flush())
+		waitFilter(t, s)
+		var all []string
+		for i := 0; i < n+100*(round+1); i++ {
+			all = append(all, key(i))
+		}
+		all = append(all, fmt.Sprintf("late%d", round)) // older ones: not in the whole state
+		assert.Equal(t, all, s.filter.filterKeys("wc.count", all), "round %d: every key the store holds is a maybe", round)
+		require.NoError(t, s.Close())
+	}
+}
