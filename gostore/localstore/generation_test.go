@@ -413,3 +413,57 @@ func unpackKeys(t *testing.T, packed []byte) map[string]string {
 	require.Empty(t, b)
 	return out
 }
+
+// A scan of an older epoch (compaction's) that spans the start of a
+// whole-state generation of a later epoch keeps reading the old file,
+// which holds that epoch: it sees every key. Once the generation replaced
+// the old file, such a scan fails rather than return a part of the state.
+func TestAScanOfAnOlderEpochIsNotCutShortByANewGeneration(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, cfg(t.TempDir()), 0)
+	require.NoError(t, err)
+	defer s.Close()
+	const n = 20000
+	write := func(e int64, whole bool) {
+		rows := make([]rowbatch.Row, n)
+		for i := range rows {
+			rows[i] = put(fmt.Sprintf("k%06d", i), fmt.Sprintf("v%d", e))
+		}
+		require.NoError(t, s.WriteAsync(rowbatch.NewBatch(e, rows, whole), nil))
+		require.NoError(t, s.Flush())
+	}
+	write(1, false)
+	write(2, false)
+	s.NoteCommitted(2)
+	scan := func(started func()) (int, error) {
+		var cur snapfile.Cursor
+		got := 0
+		for first := true; ; first = false {
+			page, next, done, err := s.ScanPageFlushed(ctx, snapfile.ScanOptions{Before: 3, ChunkRows: 4096}, cur)
+			if err != nil {
+				return got, err
+			}
+			for _, r := range page {
+				assert.Equal(t, "v2", string(r.Value))
+			}
+			got += len(page)
+			if first {
+				started()
+			}
+			if done {
+				return got, nil
+			}
+			cur = next
+		}
+	}
+	got, err := scan(func() { write(5, true) }) // the generation starts mid-scan
+	require.NoError(t, err)
+	assert.Equal(t, n, got, "every key of epoch 2")
+	_, err = scan(func() {
+		s.NoteCommitted(5)
+		require.NoError(t, s.Flush())
+		_, err := s.GC(ctx, 5) // promotes the generation
+		require.NoError(t, err)
+	})
+	require.ErrorContains(t, err, "a whole-state generation replaced what came before")
+}

@@ -559,13 +559,28 @@ func (s *Store) ScanPage(ctx context.Context, o snapfile.ScanOptions, cur snapfi
 // writes: for a caller that called Flush once and only reads epochs written
 // before it (compaction of a committed epoch), so a long scan is not held
 // up page after page by the writes of newer epochs.
+//
+// A scan of an older epoch (o.Before) reads the file that holds it: while
+// a whole-state generation of a later epoch waits for its commit, the old
+// file, not the generation, which holds that epoch's state only. Once the
+// generation replaced the old file, the older epoch is gone from the store
+// and the scan fails (the generation's epoch committed, and stands for
+// everything before it).
 func (s *Store) ScanPageFlushed(ctx context.Context, o snapfile.ScanOptions, cur snapfile.Cursor) ([]rowbatch.Row, snapfile.Cursor, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
 		return nil, cur, true, errClosed
 	}
-	rows, next, done, err := s.target().ScanPage(ctx, o, cur)
+	f := s.target()
+	if s.next != nil && o.Before > 0 && o.Before <= s.next.Meta().FirstEpoch {
+		f = s.file
+	}
+	if first := f.Meta().FirstEpoch; o.Before > 0 && o.Before <= first {
+		return nil, cur, false, fmt.Errorf("scan %s before epoch %d: the store holds the state of epoch %d on (a whole-state generation replaced what came before)",
+			f.Path(), o.Before, first)
+	}
+	rows, next, done, err := f.ScanPage(ctx, o, cur)
 	return rows, next, done, s.check(err)
 }
 
