@@ -19,7 +19,7 @@ static void put_varint(mp_buf *b, uint64_t v) {
 
 // n bytes behind their length plus extra (values count from 1: a 0 is a
 // deletion).
-static int put_sized(mp_buf *b, const char *s, size_t n, size_t extra) {
+static int put_prefixed(mp_buf *b, const char *s, size_t n, size_t extra) {
     if (mp_buf_grow(b, n + 10) < 0) return -1;
     put_varint(b, n + extra);
     memcpy(b->p + b->len, s, n);
@@ -27,9 +27,9 @@ static int put_sized(mp_buf *b, const char *s, size_t n, size_t extra) {
     return 0;
 }
 
-static int put_bytes(mp_buf *b, const char *s, size_t n) { return put_sized(b, s, n, 0); }
+static int put_bytes(mp_buf *b, const char *s, size_t n) { return put_prefixed(b, s, n, 0); }
 
-static int put_value(mp_buf *b, const char *s, size_t n) { return put_sized(b, s, n, 1); }
+static int put_value(mp_buf *b, const char *s, size_t n) { return put_prefixed(b, s, n, 1); }
 
 // The C writer gives up on a state only after walking it; a step whose
 // states are not plain (a class of the user's deep inside) would pay that
@@ -61,9 +61,10 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
     memcpy(b.p, "MPB1", 4);
     b.len = 4;
     put_varint(&b, (uint64_t)count);
+    // mp_fast_pickle leaves a protocol it cannot write to dumps.
     long proto = PyLong_Check(protocol) ? PyLong_AsLong(protocol) : -1;
     if (proto == -1 && PyErr_Occurred()) PyErr_Clear();
-    int fast = proto >= 2 && proto <= 255;
+    if (proto > 255) proto = -1;
     PyObject *snapshot_name = PyUnicode_InternFromString("snapshot");
     if (snapshot_name == NULL) goto fail;
     pos = 0;
@@ -100,7 +101,7 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
                 continue;
             }
             PyObject *state = PyObject_CallMethodNoArgs(obj, snapshot_name);
-            int rc = fast && state && misses < GIVE_UP_AFTER ? mp_fast_pickle(state, (int)proto, &scratch) : 1;
+            int rc = state && misses < GIVE_UP_AFTER ? mp_fast_pickle(state, (int)proto, &scratch) : 1;
             if (rc <= 0) {
                 Py_DECREF(state);
                 if (rc < 0 || put_value(&b, scratch.p, scratch.len) < 0) goto fail;

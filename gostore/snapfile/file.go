@@ -130,7 +130,7 @@ type File struct {
 	// first call; readMu serializes those calls.
 	readMu sync.Mutex
 	reader *bulkConn
-	// pageSize is SQLite's page size of the file (fitsBuffer).
+	// pageSize is SQLite's page size of a local store's file (fitsBuffer).
 	pageSize int
 }
 
@@ -220,10 +220,8 @@ func Create(ctx context.Context, path string, meta Meta, o Options) (*File, erro
 		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
 	}
 	f := &File{db: db, path: path, meta: meta, opts: o}
-	if err := f.db.QueryRowContext(ctx, `PRAGMA page_size`).Scan(&f.pageSize); err != nil {
-		db.Close()
-		os.Remove(path)
-		return nil, fmt.Errorf("create snapshot file %s: %w", path, err)
+	if !o.Segment {
+		f.pageSize = LocalPageSize // set above; segments never buffer
 	}
 	if err := f.init(ctx); err != nil {
 		db.Close()
@@ -326,6 +324,10 @@ func Open(ctx context.Context, path string, o Options) (*File, error) {
 	if err := f.findRecent(ctx); err != nil {
 		return refuse(err)
 	}
+	// A store keeps the page size it was made with (older ones 4 KiB).
+	if err := f.db.QueryRowContext(ctx, `PRAGMA page_size`).Scan(&f.pageSize); err != nil {
+		return refuse(err)
+	}
 	if err := f.checkColumns(ctx); err != nil {
 		return refuse(err)
 	}
@@ -375,9 +377,6 @@ func (f *File) findRecent(ctx context.Context) error {
 		return err
 	}
 	f.hasIndex = idx > 0
-	if err := f.db.QueryRowContext(ctx, `PRAGMA page_size`).Scan(&f.pageSize); err != nil {
-		return err
-	}
 	var n int
 	if err := f.db.QueryRowContext(ctx, `SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'recent'`).Scan(&n); err != nil {
 		return err
