@@ -74,7 +74,8 @@ type Options struct {
 	// fsync only when sealed. Local stores use WAL so that a killed process
 	// keeps every committed batch.
 	Segment bool
-	// CacheMiB is SQLite's page cache size; 0 picks a default.
+	// CacheMiB is SQLite's page cache size per connection; 0 picks the
+	// default for the file's kind (storeCacheMiB, segmentCacheMiB).
 	CacheMiB int
 	// ReadOnly opens an existing file without writing to it (Verify on a
 	// connection of its own beside the writer). Writes fail.
@@ -134,12 +135,36 @@ type File struct {
 	pageSize int
 }
 
+// Default page cache sizes, per connection. A file has two connections
+// (database/sql and the bulk one), a local store a reader too, and a run
+// has a local store and a segment per worker at any time, so these are
+// paid several times over; and SQLite's page cache, allocated through
+// modernc's allocator, takes up to twice its nominal size in memory. With
+// 64 MiB for every connection, a worker holding 5M keys under a 100k
+// live-key limit peaked at 911 MB, 586 MB of it SQLite's; with these
+// sizes, at about 500 MB (bench/live_limit.py, docs/benchmarks.md), and
+// neither the flow's throughput nor a snapshot's write slowed.
+const (
+	// storeCacheMiB serves a local store, whose writes land all over a
+	// B-tree that may be far larger than any cache: the cache holds its
+	// upper levels and the leaves of a batch, and the OS page cache
+	// serves the rest.
+	storeCacheMiB = 16
+	// segmentCacheMiB serves a segment or compacted object: written once,
+	// each batch in key order, and read by scans in key order.
+	segmentCacheMiB = 4
+)
+
 // cacheMiB is the page cache size each connection to the file gets.
 func cacheMiB(o Options) int {
-	if o.CacheMiB == 0 {
-		return 64
+	switch {
+	case o.CacheMiB != 0:
+		return o.CacheMiB
+	case o.Segment:
+		return segmentCacheMiB
+	default:
+		return storeCacheMiB
 	}
-	return o.CacheMiB
 }
 
 func dsn(path string, o Options) string {

@@ -306,3 +306,29 @@ func TestSortedOrderMatchesAFullComparison(t *testing.T) {
 		require.Equal(t, want, sortedOrder(rows), "n=%d", n)
 	}
 }
+
+func TestEachKindOfFileGetsItsPageCache(t *testing.T) {
+	tests := []struct {
+		name    string
+		opts    Options
+		wantKiB int
+	}{
+		{"local store", Options{}, storeCacheMiB << 10},
+		{"segment", Options{Segment: true}, segmentCacheMiB << 10},
+		{"large segment", Options{Segment: true, LargePages: true}, segmentCacheMiB << 10},
+		{"explicit size", Options{Segment: true, CacheMiB: 2}, 2 << 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			path := filepath.Join(t.TempDir(), "s.sqlite")
+			f, err := Create(ctx, path, testMeta(), tt.opts)
+			require.NoError(t, err)
+			defer f.Close()
+			var got int
+			require.NoError(t, f.db.QueryRowContext(ctx, "PRAGMA cache_size").Scan(&got))
+			// A negative cache_size is a size in KiB rather than pages.
+			assert.Equal(t, -tt.wantKiB, got)
+		})
+	}
+}
