@@ -198,6 +198,35 @@ def test_a_finished_flow_rerun_continues_where_it_stopped(tmp_path):
     assert sorted(out[2:]) == [("a", 6), ("b", 2)]
 
 
+def test_a_finished_run_leaves_one_row_per_key_and_resumes_exactly(tmp_path):
+    """A run that ends cleanly collects its local store's superseded rows
+    (when they are few): what stays on disk is the state, and the next run
+    resumes from it exactly."""
+    import sqlite3
+
+    (tmp_path / "state").mkdir()
+    cfg = RecoveryConfig(tmp_path / "state")
+    data = make_data(90, 11)  # 30 epochs of 3 items: every key changes many times
+    items = list(data) + [EOF_()] + [(k, 0) for k in sorted({k for k, _ in data})]
+    out: List[Any] = []
+    flow = counting_flow(items, out)
+    cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=cfg)
+    store = tmp_path / "state" / "counts" / "worker-0000" / "store.sqlite"
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True) as db:
+        rows = db.execute(
+            "SELECT step_id, state_key, count(*) FROM"
+            " (SELECT step_id, state_key FROM snaps UNION ALL SELECT step_id, state_key FROM recent)"
+            " GROUP BY step_id, state_key"
+        ).fetchall()
+    assert {n for _, _, n in rows} == {1}, rows  # the source's position included
+    assert sorted(k for step, k, _ in rows if step == "counts.count.stateful_batch") == sorted({k for k, _ in data})
+    outs, state = expected(data)
+    assert set(out) == outs
+    start = len(out)
+    cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=cfg)
+    assert dict(out[start:]) == state
+
+
 # --- S3, through the test server, in a child process with AWS_* set ------------------
 
 _S3_SCENARIO = """

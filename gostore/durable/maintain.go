@@ -185,6 +185,27 @@ func (r *Run) maintenanceBehindLocked() bool {
 	return float64(r.segmentBytes) > 1.5*r.cfg.CompactRatio*float64(floor)+float64(r.cfg.CompactMinBytes)
 }
 
+// finalGCRows bounds the rows a finishing run's local GC examines: about
+// 0.1 s of collection. A larger backlog (a flow that rewrote most of a
+// large state in its last epochs) is left to the next run, which collects
+// it in the background once it started; it would hold up this run's end
+// and the next one's resume alike.
+const finalGCRows = 20_000
+
+// finalLocalGC collects the local stores' superseded rows at the end of a
+// run that committed its last epoch, when the backlog is small: what the
+// run leaves on disk is then its state, not the last few epochs' versions
+// of it (their GC lags the commits by up to maxGCLag epochs). A failure
+// is logged; the next run collects them.
+func (r *Run) finalLocalGC() {
+	committed := r.Committed()
+	for w, s := range r.hosted() {
+		if _, err := s.FinalGC(context.Background(), committed, finalGCRows); err != nil {
+			r.cfg.Logger.Warn("local gc at the end of the run failed; the next run collects", "worker", w, "err", err)
+		}
+	}
+}
+
 // finalMaintenance collects durable garbage at the end of a run. It does
 // not compact: the segments left are within the bound the run kept while
 // it was going (CloseEpoch held the flow back for that), and compacting

@@ -571,9 +571,10 @@ func (r *Run) Finish(aborted bool) error {
 		}
 	}
 	r.finished = true
+	if err == nil && !aborted {
+		r.finalLocalGC()
+	}
 	if err == nil && r.leads() {
-		// The local store's GC is left to the next run, which does it in
-		// the background once it started (it would hold up its resume).
 		r.finalMaintenance(context.Background())
 	}
 	return err

@@ -680,6 +680,33 @@ func (s *Store) GC(ctx context.Context, committed int64) (int64, error) {
 	return n, s.check(err)
 }
 
+// FinalGC is GC for a run that is ending: it collects only when at most
+// maxRows rows were written since the last collection, so the store is
+// left without superseded rows (a stopped flow's disk holds its state, not
+// its last epochs' versions of it) while a large collection, which would
+// hold up the end of the run, is left to the next run's background GC.
+// It reports whether it collected.
+func (s *Store) FinalGC(ctx context.Context, committed, maxRows int64) (bool, error) {
+	s.waitIdle()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.file == nil {
+		return false, errClosed
+	}
+	if s.next != nil || committed <= s.file.Meta().GCEpoch {
+		return false, nil
+	}
+	n, err := s.file.RowsAfter(ctx, s.file.Meta().GCEpoch, maxRows+1)
+	if err != nil {
+		return false, s.check(err)
+	}
+	if n > maxRows {
+		return false, nil
+	}
+	_, err = s.gc(ctx, committed)
+	return err == nil, s.check(err)
+}
+
 func (s *Store) gc(ctx context.Context, committed int64) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("gc %s: %w", s.file.Path(), err)

@@ -219,6 +219,53 @@ func TestGCRemovesSupersededRowsIncrementally(t *testing.T) {
 	assert.Equal(t, int64(3), st.Rows)
 }
 
+func TestFinalGCCollectsOnlyASmallBacklog(t *testing.T) {
+	ctx := context.Background()
+	// Epochs 1-5 each write a and b (10 rows); a GC at epoch 1 builds the
+	// epoch index and leaves a backlog of 8 rows written after it.
+	tests := []struct {
+		name      string
+		committed int64
+		maxRows   int64
+		collected bool
+		rowsLeft  int64
+	}{
+		{"small backlog", 4, 100, true, 4}, // a and b at epochs 4 and 5 (5 is uncommitted)
+		{"backlog over the bound", 4, 7, false, 10},
+		{"backlog at the bound", 4, 8, true, 4},
+		{"nothing committed past the last gc", 1, 100, false, 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Open(ctx, cfg(t.TempDir()), 0)
+			require.NoError(t, err)
+			defer s.Close()
+			for e := int64(1); e <= 5; e++ {
+				v := strconv.FormatInt(e, 10)
+				_, err := s.Write(ctx, rowbatch.NewBatch(e, []rowbatch.Row{put("a", v), put("b", v)}, false))
+				require.NoError(t, err)
+			}
+			_, err = s.GC(ctx, 1)
+			require.NoError(t, err)
+			collected, err := s.FinalGC(ctx, tt.committed, tt.maxRows)
+			require.NoError(t, err)
+			assert.Equal(t, tt.collected, collected)
+			st, err := s.Stats(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, tt.rowsLeft, st.Rows)
+			want := int64(1)
+			if tt.collected {
+				want = tt.committed
+			}
+			assert.Equal(t, want, s.Meta().GCEpoch)
+			r, found, err := s.Get(ctx, "wc.count", "a")
+			require.NoError(t, err)
+			require.True(t, found)
+			assert.Equal(t, "5", string(r.Value))
+		})
+	}
+}
+
 // TestCrashMidWriteKeepsEveryFinishedBatch runs a child that writes batches
 // and reports each finished one, kills it with SIGKILL in the middle of the
 // stream, and checks the store: readable, every reported batch intact, no

@@ -524,3 +524,20 @@ func (f *File) CheckpointPassive(ctx context.Context) error {
 	}
 	return nil
 }
+
+// RowsAfter counts, up to limit, the rows written after epoch since: what
+// a GC from since would examine. Without the epoch index (a local store
+// whose first write has not been indexed yet) counting would read the
+// whole table, so it reports limit instead.
+func (f *File) RowsAfter(ctx context.Context, since, limit int64) (int64, error) {
+	if f.IndexPending() {
+		return limit, nil
+	}
+	var n int64
+	err := f.db.QueryRowContext(ctx,
+		`SELECT count(*) FROM (SELECT 1 FROM snaps WHERE epoch > ? LIMIT ?)`, since, limit).Scan(&n)
+	if err != nil {
+		return 0, classify(f.path, "count rows", fmt.Errorf("count rows of %s after epoch %d: %w", f.path, since, err))
+	}
+	return min(n+f.recentRows, limit), nil
+}
