@@ -171,10 +171,6 @@ func (r *Run) compactHosted(ctx context.Context, c int64, variant int) ([]Object
 	return objs, nil
 }
 
-// compactCacheMiB is SQLite's page cache for a compacted object being
-// written.
-const compactCacheMiB = 4
-
 func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir string, c int64, variant int) (ObjectRef, error) {
 	// Every row up to the committed epoch c was queued before c committed;
 	// one flush makes them readable, and the scan below then does not wait
@@ -188,11 +184,9 @@ func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir
 		KeyGroupCount: r.cfg.KeyGroupCount, Execution: r.execution, LastEpoch: c,
 	}
 	// A compacted object holds the whole state: never small. It is written
-	// in key order, appended to page by page, so SQLite's cache only ever
-	// needs the pages being filled; a large one held up to the whole
-	// default cache (twice that in memory, as pages are allocated), for
-	// nothing.
-	f, err := snapfile.Create(ctx, path, meta, snapfile.Options{Segment: true, LargePages: true, CacheMiB: compactCacheMiB})
+	// in key order, appended to page by page, so a segment's small page
+	// cache is all it needs.
+	f, err := snapfile.Create(ctx, path, meta, snapfile.Options{Segment: true, LargePages: true})
 	if err != nil {
 		return ObjectRef{}, err
 	}

@@ -693,10 +693,11 @@ func (s *Store) FinalGC(ctx context.Context, committed, maxRows int64) (bool, er
 	if s.file == nil {
 		return false, errClosed
 	}
-	if s.next != nil || committed <= s.file.Meta().GCEpoch {
+	since := s.file.Meta().GCEpoch
+	if s.next != nil || committed <= since {
 		return false, nil
 	}
-	n, err := s.file.RowsAfter(ctx, s.file.Meta().GCEpoch, maxRows+1)
+	n, err := s.file.RowsAfter(ctx, since, maxRows+1)
 	if err != nil {
 		return false, s.check(err)
 	}

@@ -97,7 +97,7 @@ func (s *Store) verifyGen(ctx context.Context, gen int64, paths []string) (repla
 // verifyFile opens path read-only beside the store's own connections and
 // verifies it.
 func verifyFile(ctx context.Context, path string) error {
-	f, err := snapfile.Open(ctx, path, snapfile.Options{ReadOnly: true, CacheMiB: 16})
+	f, err := snapfile.Open(ctx, path, snapfile.Options{ReadOnly: true})
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}

@@ -148,10 +148,12 @@ const (
 	// storeCacheMiB serves a local store, whose writes land all over a
 	// B-tree that may be far larger than any cache: the cache holds its
 	// upper levels and the leaves of a batch, and the OS page cache
-	// serves the rest.
+	// serves the rest. Its reader (GetManyPackedConcurrent) and a check
+	// (Verify) get as much: point reads need the upper levels.
 	storeCacheMiB = 16
 	// segmentCacheMiB serves a segment or compacted object: written once,
-	// each batch in key order, and read by scans in key order.
+	// each batch in key order (a compacted object appended to page by
+	// page), and read by scans in key order.
 	segmentCacheMiB = 4
 )
 

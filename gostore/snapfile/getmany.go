@@ -36,12 +36,6 @@ func (f *File) GetManyPacked(ctx context.Context, step string, keys []string, be
 	return f.getManyPacked(ctx, f.rawConn, step, keys, before)
 }
 
-// readerCacheMiB caps the page cache of GetManyPackedConcurrent's
-// connection: point reads need the B-tree's inner pages cached, which are
-// a small part of a store, and a third full-size cache would add to every
-// worker's memory.
-const readerCacheMiB = 16
-
 // GetManyPackedConcurrent is GetManyPacked on a connection of its own, so
 // that it may run while another goroutine uses the file's other methods,
 // writes included: in a write-ahead-logged file readers do not wait for
@@ -63,9 +57,7 @@ func (f *File) GetManyPackedConcurrent(ctx context.Context, step string, keys []
 // first use. f.readMu is held.
 func (f *File) readerConn() (*bulkConn, error) {
 	if f.reader == nil {
-		o := f.opts
-		o.CacheMiB = min(cacheMiB(o), readerCacheMiB)
-		b, err := openBulk(f.path, o)
+		b, err := openBulk(f.path, f.opts)
 		if err != nil {
 			return nil, err
 		}
