@@ -2,7 +2,9 @@ package durable_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand"
 	"os"
 	"path/filepath"
@@ -133,12 +135,21 @@ func scaleReference(t *testing.T, final map[string]string) (segments, local int6
 func dirBytes(t *testing.T, dir, pattern string) int64 {
 	t.Helper()
 	var n int64
+	// The run's uploads and GC go on while the test samples sizes, so a
+	// temporary file can be renamed or a segment deleted between the
+	// listing and the stat; such a file no longer counts.
 	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
 		if err != nil || d.IsDir() {
 			return err
 		}
 		if ok, _ := filepath.Match(pattern, d.Name()); ok {
 			info, err := d.Info()
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
 			if err != nil {
 				return err
 			}
