@@ -23,6 +23,8 @@ type peer struct {
 	reported int64
 	// finished: the follower sent `finish` (it closes nothing more).
 	finished bool
+	// stopped: the follower sent `stopped` (it compacts nothing more).
+	stopped bool
 }
 
 // agreeOpen is the cluster's part of Open: the leader sends its decision,

@@ -52,7 +52,7 @@ var ErrCluster = errors.New("cluster failed")
 
 // clusterVersion is the version of the messages; a process refuses a
 // message of another version.
-const clusterVersion = 1
+const clusterVersion = 2
 
 // Message types.
 const (
@@ -66,6 +66,7 @@ const (
 	msgCompactFailed = "compact_failed" // follower -> leader: the compaction failed (retried later)
 	msgFinish        = "finish"         // follower -> leader, in Finish: nothing more will be closed
 	msgFinished      = "finished"       // leader -> follower, in Finish: nothing more will be committed
+	msgStopped       = "stopped"        // follower -> leader, in Finish: it compacts nothing more
 	msgFailed        = "failed"         // either way: the sender's run failed or stopped
 )
 
@@ -99,6 +100,9 @@ type clusterMsg struct {
 	Variant int   `json:"variant,omitempty"`
 	// failed, compact_failed
 	Error string `json:"error,omitempty"`
+	// compact_failed: the follower finished its run (or was stopping)
+	// and compacts nothing more; the end of a run, not a fault.
+	Finished bool `json:"finished,omitempty"`
 }
 
 // decodeMsg reads a message from process `from` and checks what every
@@ -130,7 +134,7 @@ func decodeMsg(from int, payload []byte) (clusterMsg, error) {
 		if m.Record == nil || m.Record.Epoch <= 0 {
 			bad = "without a record"
 		}
-	case msgStarted, msgCompactFailed, msgFinish, msgFinished, msgFailed:
+	case msgStarted, msgCompactFailed, msgFinish, msgFinished, msgStopped, msgFailed:
 	default:
 		return m, fmt.Errorf("%w: process %d sent a message of unknown type %q", ErrCluster, from, m.Type)
 	}

@@ -624,9 +624,8 @@ func TestClusterCompaction(t *testing.T) {
 	require.Eventually(t, func() bool { return procs[0].run.Metrics().Compactions > 0 }, waitFor, tick)
 	// Let the compaction that the last commits started end before the run
 	// does: a round still waiting on the followers at Finish is given up,
-	// and a follower may then upload its part after the leader's last GC
-	// (the next run's GC collects it), which the check for garbage below
-	// would count.
+	// and this test counts the followers' compactions below. (What such a
+	// round leaves is collected: TestClusterFinishDuringCompaction...)
 	require.Eventually(t, func() bool { return procs[0].run.Committed() == 8 }, waitFor, tick)
 	awaitCompactionsSettled(t, procs[0].run)
 	h.finish(procs)
@@ -927,11 +926,11 @@ func TestClusterRefusesBadMessages(t *testing.T) {
 		payload string
 		want    string
 	}{
-		{"another execution", `{"v":1,"type":"committed","execution":7,"record":{"epoch":1,"flow_id":"flow-a"}}`, "fenced out: process 0 sent a \"committed\" message of execution 7, but this run is execution 0"},
+		{"another execution", `{"v":2,"type":"committed","execution":7,"record":{"epoch":1,"flow_id":"flow-a"}}`, "fenced out: process 0 sent a \"committed\" message of execution 7, but this run is execution 0"},
 		{"malformed", `not json`, "malformed message from process 0"},
-		{"unknown type", `{"v":1,"type":"gossip","execution":0}`, `unknown type "gossip"`},
+		{"unknown type", `{"v":2,"type":"gossip","execution":0}`, `unknown type "gossip"`},
 		{"other version", `{"v":9,"type":"committed","execution":0}`, "of version 9"},
-		{"not taken while running", `{"v":1,"type":"agree","execution":0,"flow_id":"flow-a","resume_epoch":1,"worker_count":2,"key_group_count":16,"processes":2}`, `"agree" message, which process 1 does not take`},
+		{"not taken while running", `{"v":2,"type":"agree","execution":0,"flow_id":"flow-a","resume_epoch":1,"worker_count":2,"key_group_count":16,"processes":2}`, `"agree" message, which process 1 does not take`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -958,7 +957,7 @@ func TestClusterRefusesForeignWholeMarks(t *testing.T) {
 	procs, net := h.start(2, 1, false)
 	h.mustEpochs(procs, 1, 1, updatesGen(40, 1, false))
 	require.Eventually(t, func() bool { return procs[0].run.Committed() == 1 }, waitFor, tick)
-	net.inject(1, 0, []byte(`{"v":1,"type":"uploaded","execution":0,"epoch":2,"whole":[0,1]}`))
+	net.inject(1, 0, []byte(`{"v":2,"type":"uploaded","execution":0,"epoch":2,"whole":[0,1]}`))
 	require.Eventually(t, func() bool { return procs[0].run.Err() != nil }, waitFor, tick)
 	assert.Contains(t, procs[0].run.Err().Error(), "process 1 (workers 1..1) marked worker 0's batch of epoch 2 whole")
 	assert.ErrorIs(t, procs[0].run.Err(), durable.ErrCluster)

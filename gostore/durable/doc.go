@@ -40,7 +40,7 @@
 // WorkerCount (global indexes: every method taking a worker takes one,
 // and refuses a worker not hosted here), with its own local directory and
 // local stores; every process reaches the same backup. Process 0 leads.
-// The processes exchange small versioned JSON messages ("v": 1, a "type",
+// The processes exchange small versioned JSON messages ("v": 2, a "type",
 // and the execution, which must be this run's: "fenced out" otherwise);
 // an unknown or malformed message fails the run.
 //
@@ -88,6 +88,13 @@
 //     committed. The leader, unless aborted, waits for every follower's
 //     `finish`, then for the commit of every epoch all workers closed, and
 //     sends `finished`; a follower still running when it arrives fails.
+//     Once the leader commits nothing more for it, a follower stops its
+//     part in compactions (the one in progress is stopped and answered
+//     `compact_failed` with "finished"; later requests too) and sends
+//     `stopped`. The leader waits for every follower's `stopped` (at most
+//     10 s) before its last durable GC, so that no follower uploads a
+//     compacted object after that GC looked: an object of a round given
+//     up is collected by this run, not left to the next one.
 //   - Failure: a run that fails or is closed before it finished sends
 //     `failed` (a follower to the leader, the leader to every follower),
 //     and the receiver fails at once; so does a run whose cluster stops

@@ -156,3 +156,61 @@ func TestLocalCheckpointsWaitForTheCommit(t *testing.T) {
 	require.NoError(t, run.Finish(false))
 	requireModel(t, h.m, stateOf(t, run, 1, h.kgc))
 }
+
+// lateCompactions delays every upload of a compacted object by delay and
+// then makes it whatever the caller's context says: an upload whose
+// bytes were all sent lands although its caller gave up on it.
+type lateCompactions struct {
+	backup.Backup
+	delay   time.Duration
+	started atomic.Int32
+}
+
+func (b *lateCompactions) Upload(ctx context.Context, path, key string) error {
+	if strings.Contains(key, "/compacted/") {
+		b.started.Add(1)
+		time.Sleep(b.delay)
+		return b.Backup.Upload(context.Background(), path, key)
+	}
+	return b.Backup.Upload(ctx, path, key)
+}
+
+// A cluster that finishes while its followers are compacting leaves no
+// compacted object that no record names: each follower stops its part
+// (and answers) before it tells the leader it finished, and the leader's
+// last GC comes after every follower finished. The state then restores
+// exactly, on another layout too.
+func TestClusterFinishDuringCompactionLeavesNoGarbage(t *testing.T) {
+	h := newClusterHarness(t)
+	g := updatesGen(300, 1, false) // every key in every epoch: compaction is due after each commit
+	late := &lateCompactions{Backup: h.bk, delay: 400 * time.Millisecond}
+	procs, _ := h.start(3, 1, false, func(c *durable.Config) {
+		c.CompactMinBytes, c.RetainEpochs = 1, 1
+		if c.Cluster.Index() > 0 {
+			c.Backup = late
+		}
+	})
+	// Epochs until one's commit starts a round that the followers'
+	// uploads hold up: it is still running when the run finishes.
+	inRound := func() bool { return late.started.Load() > 0 && durable.CompactionRunning(procs[0].run) }
+	last := int64(0)
+	for last < 20 && !inRound() {
+		last++
+		h.mustEpochs(procs, last, last, g)
+		require.Eventually(t, func() bool { return procs[0].run.Committed() == last }, waitFor, tick)
+		// Maintenance starts the round after the commit, in its own time.
+		for deadline := time.Now().Add(2 * time.Second); !inRound() && time.Now().Before(deadline); {
+			time.Sleep(tick)
+		}
+	}
+	require.True(t, inRound(), "a compaction round waits for the followers (uploads started %d, compactions %d, epochs %d)", late.started.Load(), procs[0].run.Metrics().Compactions, last)
+	h.finish(procs)
+	assert.Equal(t, last, procs[0].run.Committed())
+	time.Sleep(2 * late.delay) // any follower upload still on its way lands now
+	assertNoGarbage(t, h.bk)
+	requireModel(t, h.hist.at[last], readBack(t, h.bk, h.kgc))
+
+	procs, _ = h.start(2, 2, false)
+	requireModel(t, h.hist.at[last], clusterState(t, procs, h.kgc))
+	h.finish(procs)
+}

@@ -136,14 +136,74 @@ func (r *Run) onFinished(m clusterMsg) error {
 
 // runCompactions compacts this process's workers when the leader asks, one
 // request at a time, beside the commits (the inbox reader goes on
-// applying them).
+// applying them), until the follower finishes (stopCompactions) or the
+// run stops.
 func (r *Run) runCompactions() {
 	defer r.clusterWG.Done()
+	defer close(r.compactsDone)
 	for {
 		select {
 		case m := <-r.compactReqs:
 			r.compactFor(m)
+		case <-r.compactCtx.Done():
+			return
 		case <-r.stopCluster:
+			return
+		}
+	}
+}
+
+// queueCompaction hands the leader's request m to runCompactions, or
+// answers at once when the queue is full or this process has finished.
+func (r *Run) queueCompaction(m clusterMsg) error {
+	// Queued under mu, so that stopCompactions, which sets the flag under
+	// mu, finds every request queued before it in the queue.
+	r.mu.Lock()
+	stopped, queued := r.compactsStopped, false
+	if !stopped {
+		select {
+		case r.compactReqs <- m:
+			queued = true
+		default:
+		}
+	}
+	r.mu.Unlock()
+	switch {
+	case queued:
+		return nil
+	case stopped:
+		return r.send(0, r.finishedCompacting(m))
+	}
+	return r.send(0, clusterMsg{Type: msgCompactFailed, Epoch: m.Epoch, Round: m.Round, Error: "too many compactions queued"})
+}
+
+// finishedCompacting is the answer to request m of a follower that
+// compacts nothing more.
+func (r *Run) finishedCompacting(m clusterMsg) clusterMsg {
+	return clusterMsg{Type: msgCompactFailed, Epoch: m.Epoch, Round: m.Round, Finished: true,
+		Error: fmt.Sprintf("process %d has finished its run", r.cfg.Cluster.Index())}
+}
+
+// stopCompactions ends this follower's part in compactions once the
+// leader commits nothing more for it: the compaction in progress is
+// stopped and answered, queued and later requests are turned away. Then
+// the follower sends `stopped`, which the leader waits for before its
+// last GC (awaitFollowersStopped); the transport keeps each pair's
+// messages in order, so no follower uploads a compacted object after
+// that GC looked (it would stay until the next run's GC).
+func (r *Run) stopCompactions() {
+	r.mu.Lock()
+	r.compactsStopped = true
+	r.mu.Unlock()
+	r.compactCancel()
+	<-r.compactsDone
+	for {
+		select {
+		case m := <-r.compactReqs:
+			if err := r.send(0, r.finishedCompacting(m)); err != nil {
+				r.fail(err)
+			}
+		default:
 			return
 		}
 	}
@@ -168,7 +228,7 @@ func (r *Run) compactFor(m clusterMsg) {
 		// process learned of newer commits): a key rewritten since then
 		// may be missing from the compacted object, but the leader's
 		// record keeps every segment after m.Epoch, which holds it.
-		objs, err = r.compactHosted(r.maintCtx, m.Epoch, m.Variant)
+		objs, err = r.compactHosted(r.compactCtx, m.Epoch, m.Variant)
 		r.addSeconds(&r.metrics.CompactionSeconds, start)
 	}
 	if err != nil {
@@ -176,10 +236,11 @@ func (r *Run) compactFor(m clusterMsg) {
 			r.fail(fmt.Errorf("compaction at epoch %d: %w", m.Epoch, err))
 			return
 		}
-		if r.maintCtx.Err() != nil {
+		stopped := r.compactCtx.Err() != nil
+		if stopped {
 			err = errStopped
 		}
-		if serr := r.send(0, clusterMsg{Type: msgCompactFailed, Epoch: m.Epoch, Round: m.Round, Error: err.Error()}); serr != nil {
+		if serr := r.send(0, clusterMsg{Type: msgCompactFailed, Epoch: m.Epoch, Round: m.Round, Finished: stopped, Error: err.Error()}); serr != nil {
 			r.fail(serr)
 		}
 		return
@@ -236,5 +297,13 @@ func (r *Run) finishFollower(aborted bool) error {
 	r.stopped = true
 	r.cond.Broadcast()
 	r.mu.Unlock()
+	// Only now: until the leader committed this process's last epoch, a
+	// commit may need its compaction (a heal, heal.go).
+	r.stopCompactions()
+	if err == nil {
+		if serr := r.send(0, clusterMsg{Type: msgStopped}); serr != nil {
+			r.cfg.Logger.Debug("could not tell process 0 this process stopped compacting", "err", serr)
+		}
+	}
 	return err
 }

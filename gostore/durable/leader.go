@@ -2,8 +2,10 @@ package durable
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // The leader of a cluster run: it counts a follower's `uploaded` epoch as
@@ -25,6 +27,8 @@ func (r *Run) startCluster() {
 		return
 	}
 	r.compactReqs = make(chan clusterMsg, 4)
+	r.compactCtx, r.compactCancel = context.WithCancel(r.maintCtx)
+	r.compactsDone = make(chan struct{})
 	r.clusterWG.Add(1)
 	go r.runCompactions()
 }
@@ -92,6 +96,12 @@ func (r *Run) receive(cm ClusterMessage) error {
 			return r.onCompactReply(cm.From, m)
 		case msgFinish:
 			return r.onFinish(cm.From, m)
+		case msgStopped:
+			r.mu.Lock()
+			r.peers[cm.From].stopped = true
+			r.cond.Broadcast()
+			r.mu.Unlock()
+			return nil
 		}
 		return unexpected()
 	}
@@ -102,12 +112,7 @@ func (r *Run) receive(cm ClusterMessage) error {
 	case msgCommitted:
 		return r.applyRecord(*m.Record)
 	case msgCompact:
-		select {
-		case r.compactReqs <- m:
-			return nil
-		default:
-			return r.send(0, clusterMsg{Type: msgCompactFailed, Epoch: m.Epoch, Round: m.Round, Error: "too many compactions queued"})
-		}
+		return r.queueCompaction(m)
 	case msgFinished:
 		return r.onFinished(m)
 	}
@@ -216,6 +221,43 @@ func (r *Run) onFinish(p int, m clusterMsg) error {
 	return nil
 }
 
+// stoppedWait bounds the leader's wait for its followers' `stopped`: a
+// follower stops a compaction in progress within moments, and one that
+// does not answer leaves at worst objects the next run's GC collects.
+const stoppedWait = 10 * time.Second
+
+// awaitFollowersStopped waits, before the leader's last GC, until every
+// follower said it compacts nothing more (follower.go, stopCompactions),
+// or the run failed, or stoppedWait passed.
+func (r *Run) awaitFollowersStopped() {
+	timer := time.AfterFunc(stoppedWait, func() {
+		r.mu.Lock()
+		r.stoppedWaitOver = true
+		r.cond.Broadcast()
+		r.mu.Unlock()
+	})
+	defer timer.Stop()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for r.err == nil && !r.stoppedWaitOver {
+		waiting := -1
+		for p := 1; p < len(r.peers); p++ {
+			if !r.peers[p].stopped {
+				waiting = p
+				break
+			}
+		}
+		if waiting < 0 {
+			return
+		}
+		r.cond.Wait()
+	}
+	if r.err == nil {
+		r.cfg.Logger.Warn("a process did not say it stopped compacting; the next run's GC collects what it leaves",
+			"waited", stoppedWait)
+	}
+}
+
 // followersFinishedLocked reports whether every follower sent `finish`
 // (true without followers). r.mu is held.
 func (r *Run) followersFinishedLocked() bool {
@@ -226,6 +268,11 @@ func (r *Run) followersFinishedLocked() bool {
 	}
 	return true
 }
+
+// errFollowerFinished ends a compaction round that a follower can no
+// longer take part in: it finished its run (the end of the run, not a
+// fault; the next run compacts).
+var errFollowerFinished = errors.New("a process finished its run before its part of the compaction")
 
 // compactRound is a compaction the leader waits for the followers' parts
 // of.
@@ -306,6 +353,9 @@ func (r *Run) awaitCompaction(ctx context.Context, round *compactRound) ([]Objec
 			}
 			got[rep.from] = true
 			if rep.m.Type == msgCompactFailed {
+				if rep.m.Finished {
+					return nil, fmt.Errorf("%w: process %d at epoch %d", errFollowerFinished, rep.from, round.epoch)
+				}
 				return nil, fmt.Errorf("process %d could not compact its workers at epoch %d: %s", rep.from, round.epoch, rep.m.Error)
 			}
 			r.mu.Lock()

@@ -132,6 +132,8 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 			// committed so far stands, and the next run rebuilds the
 			// store from it.
 			r.fail(fmt.Errorf("compaction at epoch %d: %w", committed, err))
+		} else if errors.Is(err, errFollowerFinished) {
+			r.cfg.Logger.Debug("compaction left to the next run", "epoch", committed, "err", err)
 		} else if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("durable compaction failed; will retry", "epoch", committed, "err", err)
 			failed = true

@@ -273,11 +273,22 @@ type Run struct {
 	round  *compactRound
 	rounds int64
 	// compactReqs (follower) queues the leader's compaction requests.
-	compactReqs chan clusterMsg
+	// compactCtx stops the compaction in progress when the follower
+	// finishes (stopCompactions); compactsDone is closed once
+	// runCompactions has answered its last request; compactsStopped
+	// (under mu) turns later requests away at once.
+	compactReqs     chan clusterMsg
+	compactCtx      context.Context
+	compactCancel   context.CancelFunc
+	compactsDone    chan struct{}
+	compactsStopped bool
 	// finishing (under mu): Finish was called. leaderDone (follower,
 	// under mu): the leader finished and commits nothing more.
 	finishing  bool
 	leaderDone bool
+	// stoppedWaitOver (leader, under mu): awaitFollowersStopped waited
+	// long enough.
+	stoppedWaitOver bool
 	// finished: Finish ran to its end (Close then tells no one).
 	finished bool
 }
@@ -542,6 +553,11 @@ func (r *Run) Finish(aborted bool) error {
 	var err error
 	if r.leads() {
 		err = r.finishCommits(aborted)
+		if err == nil && !aborted && r.clustered() {
+			// Before the inbox reader stops: the followers' `stopped`
+			// comes through it.
+			r.awaitFollowersStopped()
+		}
 	} else {
 		err = r.finishFollower(aborted)
 	}
