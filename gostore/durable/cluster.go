@@ -103,6 +103,10 @@ type clusterMsg struct {
 	// compact_failed: the follower finished its run (or was stopping)
 	// and compacts nothing more; the end of a run, not a fault.
 	Finished bool `json:"finished,omitempty"`
+	// compact_failed: a whole-state generation of a later epoch had
+	// replaced the epoch's state in a local store (localstore.ErrReplaced):
+	// retried at a later epoch, not a fault.
+	Replaced bool `json:"replaced,omitempty"`
 }
 
 // decodeMsg reads a message from process `from` and checks what every

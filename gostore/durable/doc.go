@@ -78,7 +78,10 @@
 //     (epoch, heal, variant, round) and compacts its own workers; each
 //     follower compacts its workers at that committed epoch (it has the
 //     commit: messages are in order) and answers `compacted` (objects) or
-//     `compact_failed` (the leader logs it and retries later). The leader's
+//     `compact_failed` (the leader logs it and retries later; at debug
+//     level when the follower finished, or when a whole-state generation
+//     of a later epoch had already replaced that epoch's state in one of
+//     its local stores, localstore.ErrReplaced: neither is a fault). The leader's
 //     record names every process's compacted objects in place of all
 //     objects up to that epoch, and goes out as `committed`. Commits of new
 //     epochs go on meanwhile.

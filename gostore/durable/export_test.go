@@ -84,3 +84,14 @@ func CompactionRunning(r *Run) bool {
 	defer r.mu.Unlock()
 	return r.round != nil
 }
+
+// CompactionRound returns the id and epoch of the leader r's compaction
+// round in progress (0, 0 without one), for tests.
+func CompactionRound(r *Run) (id, epoch int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.round == nil {
+		return 0, 0
+	}
+	return r.round.id, r.round.epoch
+}

@@ -1,10 +1,13 @@
 package durable_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -213,4 +216,60 @@ func TestClusterFinishDuringCompactionLeavesNoGarbage(t *testing.T) {
 	procs, _ = h.start(2, 2, false)
 	requireModel(t, h.hist.at[last], clusterState(t, procs, h.kgc))
 	h.finish(procs)
+}
+
+// syncBuffer is a bytes.Buffer for a logger that goroutines share.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A follower whose local store a later whole-state generation already
+// replaced cannot compact an older epoch: it says so, and the leader
+// retries at a later epoch without warning of a failed compaction (a
+// healthy run met it as a warning every few rounds). The run goes on and
+// commits as before.
+func TestClusterCompactionOfAReplacedEpochIsNoFault(t *testing.T) {
+	h := newClusterHarness(t)
+	g := updatesGen(300, 1, false)
+	late := &lateCompactions{Backup: h.bk, delay: 2 * time.Second}
+	logs := &syncBuffer{}
+	procs, net := h.start(2, 1, false, func(c *durable.Config) {
+		c.CompactMinBytes, c.RetainEpochs = 1, 1
+		if c.Cluster.Index() > 0 {
+			c.Backup = late
+		} else {
+			c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}
+	})
+	last := int64(0)
+	for last < 20 && late.started.Load() == 0 {
+		last++
+		h.mustEpochs(procs, last, last, g)
+		require.Eventually(t, func() bool { return procs[0].run.Committed() == last }, waitFor, tick)
+		for deadline := time.Now().Add(2 * time.Second); late.started.Load() == 0 && time.Now().Before(deadline); {
+			time.Sleep(tick)
+		}
+	}
+	round, epoch := durable.CompactionRound(procs[0].run)
+	require.Positive(t, round, "a compaction round waits for the follower")
+	net.inject(1, 0, []byte(fmt.Sprintf(`{"v":2,"type":"compact_failed","execution":0,"epoch":%d,"round":%d,"replaced":true,"error":"scan: a whole-state generation replaced that epoch's state"}`, epoch, round)))
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "compaction retried at a later epoch") }, waitFor, tick)
+	h.mustEpochs(procs, last+1, last+2, g)
+	h.finish(procs)
+	assert.Equal(t, last+2, procs[0].run.Committed())
+	assert.NotContains(t, logs.String(), "durable compaction failed")
+	requireModel(t, h.hist.at[last+2], readBack(t, h.bk, h.kgc))
 }

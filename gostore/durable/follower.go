@@ -240,7 +240,9 @@ func (r *Run) compactFor(m clusterMsg) {
 		if stopped {
 			err = errStopped
 		}
-		if serr := r.send(0, clusterMsg{Type: msgCompactFailed, Epoch: m.Epoch, Round: m.Round, Finished: stopped, Error: err.Error()}); serr != nil {
+		reply := clusterMsg{Type: msgCompactFailed, Epoch: m.Epoch, Round: m.Round, Finished: stopped,
+			Replaced: errors.Is(err, localstore.ErrReplaced), Error: err.Error()}
+		if serr := r.send(0, reply); serr != nil {
 			r.fail(serr)
 		}
 		return

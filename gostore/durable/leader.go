@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/millpond/millpond/gostore/localstore"
 )
 
 // The leader of a cluster run: it counts a follower's `uploaded` epoch as
@@ -355,6 +357,9 @@ func (r *Run) awaitCompaction(ctx context.Context, round *compactRound) ([]Objec
 			if rep.m.Type == msgCompactFailed {
 				if rep.m.Finished {
 					return nil, fmt.Errorf("%w: process %d at epoch %d", errFollowerFinished, rep.from, round.epoch)
+				}
+				if rep.m.Replaced {
+					return nil, fmt.Errorf("process %d at epoch %d: %w", rep.from, round.epoch, localstore.ErrReplaced)
 				}
 				return nil, fmt.Errorf("process %d could not compact its workers at epoch %d: %s", rep.from, round.epoch, rep.m.Error)
 			}

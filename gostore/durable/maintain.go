@@ -134,6 +134,12 @@ func (r *Run) maintain(ctx context.Context, committed int64) {
 			r.fail(fmt.Errorf("compaction at epoch %d: %w", committed, err))
 		} else if errors.Is(err, errFollowerFinished) {
 			r.cfg.Logger.Debug("compaction left to the next run", "epoch", committed, "err", err)
+		} else if errors.Is(err, localstore.ErrReplaced) {
+			// A whole-state epoch past this one already replaced a local
+			// store's state: the next commit's round compacts from it.
+			// Counted as failing, so the flow is not held back for it.
+			r.cfg.Logger.Debug("compaction retried at a later epoch", "epoch", committed, "err", err)
+			failed = true
 		} else if err != nil && ctx.Err() == nil {
 			r.cfg.Logger.Warn("durable compaction failed; will retry", "epoch", committed, "err", err)
 			failed = true

@@ -465,5 +465,5 @@ func TestAScanOfAnOlderEpochIsNotCutShortByANewGeneration(t *testing.T) {
 		_, err := s.GC(ctx, 5) // promotes the generation
 		require.NoError(t, err)
 	})
-	require.ErrorContains(t, err, "a whole-state generation replaced what came before")
+	require.ErrorIs(t, err, ErrReplaced)
 }

@@ -36,6 +36,12 @@ import (
 // key-group count.
 var ErrForeign = errors.New("local store belongs to another flow")
 
+// ErrReplaced is wrapped when a read of an older epoch finds that a
+// whole-state generation of a later epoch has replaced the file that held
+// it (ScanPageFlushed): that epoch's state is no longer in the store. Not
+// damage: a compaction asking for it is retried at a later epoch.
+var ErrReplaced = errors.New("a whole-state generation replaced that epoch's state")
+
 // ErrLayoutChanged is wrapped when the store on disk cannot serve this
 // open: it was written by a different worker layout (index or count), or
 // it no longer holds the rows of the requested resume epoch. It must be
@@ -577,8 +583,8 @@ func (s *Store) ScanPageFlushed(ctx context.Context, o snapfile.ScanOptions, cur
 		f = s.file
 	}
 	if first := f.Meta().FirstEpoch; o.Before > 0 && o.Before <= first {
-		return nil, cur, false, fmt.Errorf("scan %s before epoch %d: the store holds the state of epoch %d on (a whole-state generation replaced what came before)",
-			f.Path(), o.Before, first)
+		return nil, cur, false, fmt.Errorf("scan %s before epoch %d: %w: the store holds the state of epoch %d on",
+			f.Path(), o.Before, ErrReplaced, first)
 	}
 	rows, next, done, err := f.ScanPage(ctx, o, cur)
 	return rows, next, done, s.check(err)
