@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -466,4 +467,61 @@ func TestAScanOfAnOlderEpochIsNotCutShortByANewGeneration(t *testing.T) {
 		require.NoError(t, err)
 	})
 	require.ErrorIs(t, err, ErrReplaced)
+}
+
+// A whole-state generation that holds only its own epoch gets no epoch
+// index in the background (it has nothing for GC to find, and a flow
+// whose every epoch is whole would index each generation just before the
+// next replaced it); once another epoch's rows land in it, the index is
+// built, and GC collects as usual.
+func TestAGenerationOfOneEpochIsNotIndexed(t *testing.T) {
+	ctx := context.Background()
+	c := cfg(t.TempDir())
+	c.GenerationMinRows = 10
+	s, err := Open(ctx, c, 0)
+	require.NoError(t, err)
+	defer s.Close()
+	whole := func(e int64) []rowbatch.Row {
+		rows := make([]rowbatch.Row, 0, 50)
+		for k := range 50 {
+			rows = append(rows, put(fmt.Sprintf("k%02d", k), strconv.FormatInt(e, 10)))
+		}
+		return rows
+	}
+	indexPending := func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.target().IndexPending()
+	}
+	settle := func() { // a checkpointer round that has seen the latest file
+		s.kick <- struct{}{}
+		s.kick <- struct{}{} // taken once the previous round is over
+	}
+	for e := int64(1); e <= 3; e++ {
+		require.NoError(t, s.WriteAsync(rowbatch.NewBatch(e, whole(e), true), nil))
+		s.NoteCommitted(e)
+		require.NoError(t, s.Flush())
+		settle()
+		assert.True(t, indexPending(), "generation of epoch %d indexed", e)
+	}
+	assert.Equal(t, int64(3), s.Meta().FirstEpoch, "the store is the generation of epoch 3")
+
+	// Rows of another epoch: the index is built, and GC collects the
+	// versions they superseded once their epoch commits.
+	var rows []rowbatch.Row
+	for k := range 50 {
+		rows = append(rows, put(fmt.Sprintf("k%02d", k), "4"))
+	}
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(4, rows, false), nil))
+	require.NoError(t, s.Flush())
+	settle()
+	require.Eventually(t, func() bool { return !indexPending() }, 5*time.Second, 5*time.Millisecond)
+	s.NoteCommitted(4)
+	require.NoError(t, s.Flush())
+	n, err := s.GC(ctx, 4)
+	require.NoError(t, err)
+	assert.Equal(t, int64(50), n, "every key's epoch-3 row")
+	got := contents(t, s)
+	assert.Len(t, got, 50)
+	assert.Equal(t, "4", got["k07"])
 }
