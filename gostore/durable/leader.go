@@ -232,29 +232,21 @@ const stoppedWait = 10 * time.Second
 // follower said it compacts nothing more (follower.go, stopCompactions),
 // or the run failed, or stoppedWait passed.
 func (r *Run) awaitFollowersStopped() {
+	over := false // under mu
 	timer := time.AfterFunc(stoppedWait, func() {
 		r.mu.Lock()
-		r.stoppedWaitOver = true
+		over = true
 		r.cond.Broadcast()
 		r.mu.Unlock()
 	})
 	defer timer.Stop()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for r.err == nil && !r.stoppedWaitOver {
-		waiting := -1
-		for p := 1; p < len(r.peers); p++ {
-			if !r.peers[p].stopped {
-				waiting = p
-				break
-			}
-		}
-		if waiting < 0 {
-			return
-		}
+	stopped := func(pe peer) bool { return pe.stopped }
+	for r.err == nil && !over && !r.everyFollowerLocked(stopped) {
 		r.cond.Wait()
 	}
-	if r.err == nil {
+	if r.err == nil && !r.everyFollowerLocked(stopped) {
 		r.cfg.Logger.Warn("a process did not say it stopped compacting; the next run's GC collects what it leaves",
 			"waited", stoppedWait)
 	}
@@ -263,8 +255,14 @@ func (r *Run) awaitFollowersStopped() {
 // followersFinishedLocked reports whether every follower sent `finish`
 // (true without followers). r.mu is held.
 func (r *Run) followersFinishedLocked() bool {
+	return r.everyFollowerLocked(func(pe peer) bool { return pe.finished })
+}
+
+// everyFollowerLocked reports whether ok holds for every follower (true
+// without followers). r.mu is held.
+func (r *Run) everyFollowerLocked(ok func(peer) bool) bool {
 	for p := 1; p < len(r.peers); p++ {
-		if !r.peers[p].finished {
+		if !ok(r.peers[p]) {
 			return false
 		}
 	}

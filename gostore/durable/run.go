@@ -286,9 +286,6 @@ type Run struct {
 	// under mu): the leader finished and commits nothing more.
 	finishing  bool
 	leaderDone bool
-	// stoppedWaitOver (leader, under mu): awaitFollowersStopped waited
-	// long enough.
-	stoppedWaitOver bool
 	// finished: Finish ran to its end (Close then tells no one).
 	finished bool
 }

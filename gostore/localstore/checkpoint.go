@@ -27,10 +27,9 @@ func (s *Store) runCheckpoints() {
 			if f != nil && f.RecentRows() >= foldRows {
 				f.FoldRecent(ctx)
 			}
-			if f != nil && s.next == nil && indexUseful(f) {
-				// After a store's first write; GC and rollback would
-				// build it anyway. (A waiting generation goes without:
-				// if the next write is whole too, it is never needed.)
+			if f != nil && s.indexDue(f) {
+				// Off the writer's path; GC and rollback would build it
+				// anyway.
 				f.EnsureIndex(ctx)
 			}
 			if f != nil {
@@ -90,7 +89,7 @@ const foldRows = 4096
 // holds s.mu.
 func (s *Store) maybeCheckpoint() {
 	f := s.target()
-	if f.RecentRows() >= foldRows || (s.next == nil && f.IndexPending() && indexUseful(f)) {
+	if f.RecentRows() >= foldRows || s.indexDue(f) {
 		select {
 		case s.kick <- struct{}{}:
 		default:
@@ -113,15 +112,20 @@ func (s *Store) maybeCheckpoint() {
 	}
 }
 
-// indexUseful reports whether building f's epoch index in the background
-// pays: not for a whole-state generation that holds only its own epoch.
+// indexDue reports whether the checkpointer should build the epoch index
+// of f, the store's file (s.mu is held): it is missing, no generation
+// waits (if the next write is whole too, it is never needed), and it pays:
+// not for a whole-state generation that holds only its own epoch.
 // It has one row per key, so GC finds nothing in it, and its epoch was
 // committed before it replaced the old file, so no rollback removes it. A
 // flow whose every epoch is whole would otherwise index each generation
 // just before the next one replaced it (about 5% of a word count's CPU
 // with recovery). Once a write of another epoch lands in it, the index
 // is built (by that write or by the next round here), as GC would.
-func indexUseful(f *snapfile.File) bool {
+func (s *Store) indexDue(f *snapfile.File) bool {
+	if s.next != nil || !f.IndexPending() {
+		return false
+	}
 	m := f.Meta()
 	return m.FirstEpoch == 0 || m.LastEpoch > m.FirstEpoch
 }

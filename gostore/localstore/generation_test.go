@@ -25,6 +25,18 @@ func del(key string) rowbatch.Row {
 	return rowbatch.Row{StepID: "wc.count", Key: key, Deleted: true}
 }
 
+// smallGenerations opens a fresh store in which a whole batch of 10 rows
+// or more starts a generation; it is closed when the test ends.
+func smallGenerations(t *testing.T) *Store {
+	t.Helper()
+	c := cfg(t.TempDir())
+	c.GenerationMinRows = 10
+	s, err := Open(context.Background(), c, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 // contents is key -> value of every key the store shows.
 func contents(t *testing.T, s *Store) map[string]string {
 	t.Helper()
@@ -316,11 +328,7 @@ func TestTwoStagedEpochsInFlight(t *testing.T) {
 // write of them that was queued before the read began.
 func TestReadsOfManyKeysStayCorrectWhileGenerationsReplaceTheFile(t *testing.T) {
 	ctx := context.Background()
-	c := cfg(t.TempDir())
-	c.GenerationMinRows = 10
-	s, err := Open(ctx, c, 0)
-	require.NoError(t, err)
-	defer s.Close()
+	s := smallGenerations(t)
 	mine := make([]string, 50)
 	for i := range mine {
 		mine[i] = fmt.Sprintf("m%02d", i)
@@ -476,11 +484,7 @@ func TestAScanOfAnOlderEpochIsNotCutShortByANewGeneration(t *testing.T) {
 // built, and GC collects as usual.
 func TestAGenerationOfOneEpochIsNotIndexed(t *testing.T) {
 	ctx := context.Background()
-	c := cfg(t.TempDir())
-	c.GenerationMinRows = 10
-	s, err := Open(ctx, c, 0)
-	require.NoError(t, err)
-	defer s.Close()
+	s := smallGenerations(t)
 	whole := func(e int64) []rowbatch.Row {
 		rows := make([]rowbatch.Row, 0, 50)
 		for k := range 50 {
