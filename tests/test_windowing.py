@@ -543,6 +543,53 @@ def test_snapshot_keeps_times_as_integers_and_reads_older_datetime_snapshots() -
     assert list(a.on_eof()[0]) == list(b.on_eof()[0])
 
 
+def test_metadata_emitted_for_one_key_is_its_own() -> None:
+    """Fixed windows share one metadata object per window among their keys
+    while open; each key's ``meta`` output is a copy of its own, so a sink
+    that changes one changes no other."""
+    flow = Dataflow("wmeta")
+    inp = op.input("inp", flow, TestingSource([("a", 1), ("b", 2), ("a", 12), ("b", 13)]))
+    wo = win.collect_window("c", inp, event_clock(), tumbling(10))
+    metas: List[Any] = []
+    op.output("meta", wo.meta, TestingSink(metas))
+    run_main(flow)
+    assert sorted(meta_row(m) for m in metas) == [
+        ("a", 0, 0.0, 10.0, ()), ("a", 1, 10.0, 20.0, ()), ("b", 0, 0.0, 10.0, ()), ("b", 1, 10.0, 20.0, ()),
+    ]
+    assert len({id(m) for _, (_, m) in metas}) == 4
+    first = metas[0][1][1]
+    first.merged_ids.add(99)
+    first.close_time = s(1000)
+    assert all(m.merged_ids == set() and secs(m.close_time) < 1000 for _, (_, m) in metas[1:])
+
+
+@pytest.mark.parametrize("make", [lambda: tumbling(10), lambda: sliding(10, 5)], ids=["tumbling", "sliding"])
+def test_fixed_windows_resumed_from_snapshots_share_metadata(make: Callable[[], Any]) -> None:
+    """A restored key's windows take the windower's shared metadata when
+    they have its extent, and keep their own when they do not (a snapshot
+    of windows of another length)."""
+    from millpond.operators.windowing.ops import _WindowStep
+
+    windower = make()
+    a = _WindowStep(event_clock(wait=100), windower, Fold, False, None)
+    b = _WindowStep(event_clock(wait=100), windower, Fold, False, None)
+    a.on_batch([1, 12])
+    b.on_batch([3])
+    assert a.metas[0] is b.metas[0]
+    restored = _WindowStep(event_clock(wait=100), windower, Fold, False, pickle.loads(pickle.dumps(a.snapshot())))
+    assert restored.snapshot() == a.snapshot()
+    assert all(restored.metas[w] is a.metas[w] for w in a.metas)
+    longer = _WindowStep(event_clock(wait=100), make(), Fold, False, None)
+    version, clock_s, windower_s, windows_s, buffer_s, seq = a.snapshot()
+    stretched = tuple((wid, o, c + 1, m, lg) for wid, o, c, m, lg in windows_s)
+    other = _WindowStep(event_clock(wait=100), windower, Fold, False, (version, clock_s, windower_s, stretched, buffer_s, seq))
+    assert all(other.metas[w] is not a.metas[w] for w in a.metas)
+    assert [(wid, m.close_time) for wid, m in other.metas.items()] == [
+        (wid, m.close_time + timedelta(microseconds=1)) for wid, m in a.metas.items()
+    ]
+    assert longer.metas == {}
+
+
 # --- recovery ---------------------------------------------------------------------
 
 

@@ -101,8 +101,8 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
             self.clock = clock.build(clock_s)
             self.windower = windower.build(windower_s)
             for wid, open_time, close_time, merged, logic_s in windows_s:
-                self.metas[wid] = WindowMetadata(
-                    from_snapshot_time(open_time), from_snapshot_time(close_time), set(merged)
+                self.metas[wid] = self.windower.metadata(
+                    wid, from_snapshot_time(open_time), from_snapshot_time(close_time), merged
                 )
                 self.windows[wid] = builder(logic_s)
             self.buffer = [(from_snapshot_time(ts), seq, v) for ts, seq, v in buffer_s]
@@ -227,12 +227,15 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
         if not self.metas or self.next_close > t or (strict and self.next_close == t):
             return
         metas = self.metas
+        shared = self.windower.shares_metadata
         due = sorted(
             (m.close_time, wid) for wid, m in metas.items() if m.close_time < t or (not strict and m.close_time == t)
         )
         for _, wid in due:
             logic = self.windows.pop(wid)
             meta = metas.pop(wid)
+            if shared:
+                meta = WindowMetadata(meta.open_time, meta.close_time, set())
             out.extend((_DOWN, (wid, w)) for w in logic.on_close())
             out.append((_META, (wid, meta)))
         self.next_close = min((m.close_time for m in metas.values()), default=UTC_MAX)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from datetime import datetime, timedelta
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from millpond.operators.windowing.logic import WindowMetadata
 
@@ -36,6 +36,10 @@ Assignment = Tuple[List[int], List[Tuple[int, int]], List[int]]
 class WindowerLogic(ABC):
     """Per-key windower state. :meth:`assign` places one item."""
 
+    #: True when the :class:`WindowMetadata` this logic puts in ``metas`` is
+    #: shared by every key (and must not be handed out or mutated).
+    shares_metadata: bool = False
+
     @abstractmethod
     def assign(self, ts: datetime, watermark: datetime, metas: Dict[int, WindowMetadata]) -> Assignment:
         """Place an item of time ``ts``, given the open windows ``metas``
@@ -47,6 +51,10 @@ class WindowerLogic(ABC):
 
     def snapshot(self) -> Any:
         return None
+
+    def metadata(self, wid: int, open_time: datetime, close_time: datetime, merged: Iterable[int]) -> WindowMetadata:
+        """The metadata of window ``wid`` restored from a snapshot."""
+        return WindowMetadata(open_time, close_time, set(merged))
 
 
 class Windower(ABC):
@@ -71,13 +79,43 @@ def _check_align(who: str, align_to: Any) -> None:
         raise TypeError(f"{who}: align_to must be a timezone-aware datetime; got {align_to!r:.80}")
 
 
+#: How many windows' metadata a tumbling or sliding windower keeps to share
+#: among its keys (the windows around the watermark; older ones are made
+#: again if an item or a snapshot still needs them).
+_SHARED_METAS = 4096
+
+
 class _SlidingLogic(WindowerLogic):
-    __slots__ = ("length", "offset", "align_to")
+    """The logic of fixed windows, the same for every key: it keeps no state
+    of its own, so one instance serves every key of the operator, and so does
+    each window's metadata (a key's state is then fewer objects: each is a
+    cache miss when the key is snapshotted)."""
+
+    __slots__ = ("length", "offset", "align_to", "shared")
+    shares_metadata = True
 
     def __init__(self, length: timedelta, offset: timedelta, align_to: datetime) -> None:
         self.length = length
         self.offset = offset
         self.align_to = align_to
+        self.shared: Dict[int, WindowMetadata] = {}
+
+    def _meta(self, wid: int) -> WindowMetadata:
+        meta = self.shared.get(wid)
+        if meta is None:
+            if len(self.shared) >= _SHARED_METAS:
+                self.shared.clear()
+            open_time = self.align_to + wid * self.offset
+            meta = self.shared[wid] = WindowMetadata(open_time, open_time + self.length, set())
+        return meta
+
+    def metadata(self, wid: int, open_time: datetime, close_time: datetime, merged: Iterable[int]) -> WindowMetadata:
+        meta = self._meta(wid)
+        if meta.open_time == open_time and meta.close_time == close_time:
+            return meta
+        # A snapshot of another windower's windows (its length changed
+        # between runs): keep them as they were.
+        return WindowMetadata(open_time, close_time, set(merged))
 
     def assign(self, ts: datetime, watermark: datetime, metas: Dict[int, WindowMetadata]) -> Assignment:
         since = ts - self.align_to
@@ -86,16 +124,14 @@ class _SlidingLogic(WindowerLogic):
         targets: List[int] = []
         late: List[int] = []
         for wid in range(lo, hi + 1):
-            meta = metas.get(wid)
-            if meta is not None:
+            if wid in metas:
                 targets.append(wid)
                 continue
-            open_time = self.align_to + wid * self.offset
-            close_time = open_time + self.length
-            if close_time <= watermark:
+            meta = self._meta(wid)
+            if meta.close_time <= watermark:
                 late.append(wid)
             else:
-                metas[wid] = WindowMetadata(open_time, close_time, set())
+                metas[wid] = meta
                 targets.append(wid)
         return targets, [], late
 
@@ -112,7 +148,10 @@ class TumblingWindower(Windower):
         self.align_to = align_to
 
     def build(self, resume_state: Any) -> WindowerLogic:
-        return _SlidingLogic(self.length, self.length, self.align_to)
+        logic = self.__dict__.get("_logic")
+        if logic is None:
+            logic = self._logic = _SlidingLogic(self.length, self.length, self.align_to)
+        return logic
 
     def __repr__(self) -> str:
         return f"TumblingWindower(length={self.length!r}, align_to={self.align_to!r})"
@@ -138,7 +177,10 @@ class SlidingWindower(Windower):
         self.align_to = align_to
 
     def build(self, resume_state: Any) -> WindowerLogic:
-        return _SlidingLogic(self.length, self.offset, self.align_to)
+        logic = self.__dict__.get("_logic")
+        if logic is None:
+            logic = self._logic = _SlidingLogic(self.length, self.offset, self.align_to)
+        return logic
 
     def __repr__(self) -> str:
         return f"SlidingWindower(length={self.length!r}, offset={self.offset!r}, align_to={self.align_to!r})"
