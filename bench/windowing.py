@@ -18,8 +18,12 @@ moved by the items only (the same on both engines, so both emit the same
 windows; the script checks the output counts agree). The input is a
 ``TestingSource`` (batch size 1000) over items built in the flow factory;
 the sink counts the windows it gets and prints ``BENCH items=... out=...
-seconds=...`` when it closes, ``seconds`` counted from the end of the
-factory (the data is built) to the sink closing.
+seconds=... cpu=...`` when it closes, ``seconds`` counted from the end of the
+factory (the data is built) to the sink closing and ``cpu`` the CPU time of
+the thread that built the flow over the same span (millpond's runs only:
+its one worker runs on that thread, so recovery's cost on the flow's own
+thread is on-cpu minus off-cpu, and seconds minus cpu is the time that
+thread waited or was not scheduled).
 
 Every run is a separate process started through the engine's own CLI, one
 worker: ``python -m millpond.run`` with recovery off, and on (``-d DIR -s 1``,
@@ -104,7 +108,7 @@ def _merge(a: int, b: int) -> int:
     return a + b
 
 
-def _sink(engine: str, t0: float, n_in: int) -> Any:
+def _sink(engine: str, t0: float, n_in: int, cpu0: float) -> Any:
     outputs = importlib.import_module(f"{engine}.outputs")
 
     class _Part(outputs.StatelessSinkPartition):  # type: ignore[misc,name-defined]
@@ -115,7 +119,8 @@ def _sink(engine: str, t0: float, n_in: int) -> Any:
             self.n += len(items)
 
         def close(self) -> None:
-            print(f"BENCH items={n_in} out={self.n} seconds={time.perf_counter() - t0:.6f}", flush=True)
+            cpu = f" cpu={time.thread_time() - cpu0:.6f}" if engine == "millpond" else ""
+            print(f"BENCH items={n_in} out={self.n} seconds={time.perf_counter() - t0:.6f}{cpu}", flush=True)
 
     class _Sink(outputs.DynamicSink):  # type: ignore[misc,name-defined]
         def build(self, step_id: str, worker_index: int, worker_count: int) -> Any:
@@ -144,7 +149,7 @@ def get_flow(engine: str, kind: str, n: int = 1_000_000, keys: int = 100_000, se
                              _merge)
     else:
         raise ValueError(f"unknown flow kind {kind!r}")
-    op.output("out", op.merge("down_and_late", wo.down, wo.late), _sink(engine, time.perf_counter(), n))
+    op.output("out", op.merge("down_and_late", wo.down, wo.late), _sink(engine, time.perf_counter(), n, time.thread_time()))
     return flow
 
 
@@ -160,8 +165,11 @@ def _run(cmd: List[str], cwd: Path, env: Dict[str, str]) -> dict:
         raise RuntimeError(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr.strip()[-1500:]}")
     f = dict(kv.split("=") for kv in line.split()[1:])
     secs = float(f["seconds"])
-    return {"seconds": secs, "items": int(f["items"]), "out": int(f["out"]), "items_per_s": int(f["items"]) / secs,
-            "process_s": wall}
+    out = {"seconds": secs, "items": int(f["items"]), "out": int(f["out"]), "items_per_s": int(f["items"]) / secs,
+           "process_s": wall}
+    if "cpu" in f:
+        out["thread_cpu_s"] = float(f["cpu"])
+    return out
 
 
 def run_one(which: str, kind: str, n: int, keys: int, bw_py: Path, tmp: Path) -> dict:
@@ -224,7 +232,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     r["load"] = _load()
                     res["runs"].setdefault(f"{kind}/{which}", []).append(r)
                     print(f"  round {rnd + 1} {kind:<8} {which:<13} {r['items_per_s']:>10,.0f} items/s "
-                          f"({r['seconds']:.2f} s in the flow, {r['process_s']:.2f} s process; {r['out']:,} out; "
+                          f"({r['seconds']:.2f} s in the flow"
+                          + (f", {r['thread_cpu_s']:.2f} s CPU on its thread" if "thread_cpu_s" in r else "")
+                          + f", {r['process_s']:.2f} s process; {r['out']:,} out; "
                           f"load {r['load']})", flush=True)
     res["load_end"] = _load()
 
