@@ -138,16 +138,19 @@ func (b *bulkConn) getMany(ctx context.Context, p *page, f *File, step string, k
 		return b.errorf("bind get of", rc)
 	}
 	// One read transaction: every key is read from the same snapshot of
-	// the file, and the WAL's read lock is taken once, not per key.
-	if err := b.exec("BEGIN"); err != nil {
-		return err
-	}
-	defer func() {
-		sqlite3.Xsqlite3_reset(b.tls, st)
-		if end := b.exec("COMMIT"); end != nil && err == nil {
-			err = end
+	// the file, and the WAL's read lock is taken once, not per key. One
+	// key's statement is a transaction of its own already.
+	if len(keys) > 1 {
+		if err := b.exec("BEGIN"); err != nil {
+			return err
 		}
-	}()
+		defer func() {
+			if end := b.exec("COMMIT"); end != nil && err == nil {
+				err = end
+			}
+		}()
+	}
+	defer sqlite3.Xsqlite3_reset(b.tls, st)
 	stepBytes := []byte(step)
 	for i, key := range keys {
 		if i%getManyCheckEvery == 0 {

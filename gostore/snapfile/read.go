@@ -16,67 +16,41 @@ import (
 // checked, not only the newest, so a version whose epoch was damaged into
 // an older one is found rather than skipped; a row that fails its
 // checksum is an error wrapping ErrDamaged.
+//
+// It is GetManyPacked's lookup for one key: the bulk connection's
+// prepared statement through SQLite's C API, a few microseconds, where a
+// database/sql query prepared per call cost some thirty (a resumed flow
+// touching keys one at a time pays this per key).
+//
+// A row that damage hid from the lookup altogether (a key whose record
+// header was flipped into a blob sorts elsewhere) is found by no lookup;
+// the whole-file check (Verify) finds it, and a recovery run commits
+// nothing on a resumed store before that check passed.
 func (f *File) Get(ctx context.Context, step, key string, before int64) (row rowbatch.Row, found bool, err error) {
 	if before <= 0 {
 		before = math.MaxInt64
 	}
-	crcCol := "crc"
-	if f.legacy {
-		crcCol = "0"
-	}
-	// One index lookup of this key's versions (after GC, one or two),
-	// each checked: a version whose epoch was damaged into an older one
-	// fails its checksum rather than being skipped for the one before it.
-	// Column types are not checked here (scans and Verify check them): a
-	// flipped type that changes what a column reads as fails the checksum,
-	// and checking them cost a lookup a third of its time.
-	// A row that damage hid from the lookup altogether (a key whose record
-	// header was flipped into a blob sorts elsewhere) is found by no
-	// lookup; the whole-file check (Verify) finds it, and a recovery run
-	// commits nothing on a resumed store before that check passed.
-	arm := func(table, src string) string {
-		return `SELECT epoch, key_group, value, value IS NULL, ` + crcCol + `, ` + src + `
-			FROM ` + table + ` WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3`
-	}
-	q := arm("snaps", "0")
-	if f.hasRecent {
-		// The recent row wins a tie on epoch: it is the newer write.
-		q += ` UNION ALL ` + arm("recent", "1")
-	}
-	q += ` ORDER BY 1, 6`
 	fail := func(err error) (rowbatch.Row, bool, error) {
 		return rowbatch.Row{}, false, classify(f.path, fmt.Sprintf("get %s/%q", step, key), fmt.Errorf("get %s/%q from %s: %w", step, key, f.path, err))
 	}
-	rows, err := f.db.QueryContext(ctx, q, step, key, before)
+	b, err := f.rawConn()
 	if err != nil {
 		return fail(err)
 	}
-	defer rows.Close()
-	var hdr [25]byte
-	for rows.Next() {
-		var epoch, group, sum int64
-		var val []byte
-		var isNull bool
-		var src int
-		if err := rows.Scan(&epoch, &group, &val, &isNull, &sum, &src); err != nil {
-			return fail(err)
-		}
-		if err := f.checkRow(&hdr, strBytes(step), strBytes(key), epoch, group, isNull, val, sum); err != nil {
-			return rowbatch.Row{}, false, err
-		}
-		row = rowbatch.Row{StepID: step, Key: key, Epoch: epoch, Deleted: isNull}
-		if !isNull {
-			if val == nil {
-				val = []byte{}
-			}
-			row.Value = val
-		}
-		found = true
-	}
-	if err := rows.Err(); err != nil {
+	var p page
+	if err := b.getMany(ctx, &p, f, step, []string{key}, before); err != nil {
 		return fail(err)
 	}
-	return row, found, nil
+	if len(p.starts) == 0 {
+		return rowbatch.Row{}, false, nil
+	}
+	_, epoch, val, deleted := p.entry(0)
+	row = rowbatch.Row{StepID: step, Key: key, Epoch: epoch, Deleted: deleted}
+	if !deleted {
+		// The page is this call's own buffer: the value may alias it.
+		row.Value = val[:len(val):len(val)]
+	}
+	return row, true, nil
 }
 
 // checkRow compares a row read back with its stored checksum (files of
