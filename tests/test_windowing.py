@@ -543,6 +543,55 @@ def test_snapshot_keeps_times_as_integers_and_reads_older_datetime_snapshots() -
     assert list(a.on_eof()[0]) == list(b.on_eof()[0])
 
 
+class _NoTruth:
+    """An iterable whose truth cannot be asked (as numpy arrays of more than
+    one value): a window logic may return any iterable."""
+
+    def __init__(self, *vals: Any) -> None:
+        self.vals = vals
+
+    def __iter__(self) -> Any:
+        return iter(self.vals)
+
+    def __bool__(self) -> bool:
+        raise ValueError("the truth value of this iterable is ambiguous")
+
+
+class EmitEach(win.WindowLogic):
+    """Emits every value as it comes (a generator), every merge (an iterable
+    without a truth value) and a count at close."""
+
+    def __init__(self, resume: Optional[int]) -> None:
+        self.n = resume or 0
+
+    def on_value(self, value: Any) -> Any:
+        self.n += 1
+        return (x for x in [("value", value)])
+
+    def on_merge(self, original: Any) -> Any:
+        self.n += original.n
+        return _NoTruth(("merged", original.n), ("now", self.n))
+
+    def on_close(self) -> Any:
+        return _NoTruth(("count", self.n))
+
+    def snapshot(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_window_logic_may_emit_any_iterable(runner: str) -> None:
+    # a's third item bridges its two sessions (gap 2): they merge
+    items = [("a", 1), ("a", 4.5), ("a", 2.8), ("b", 2)]
+    out = run_flow(
+        lambda inp: win.window("w", inp, event_clock(wait=10), session(2), EmitEach, ordered=False), items, runner
+    )
+    assert out["down"] == sorted_out([
+        ("a", (0, ("value", 1))), ("a", (1, ("value", 4.5))), ("a", (0, ("merged", 1))), ("a", (0, ("now", 2))),
+        ("a", (0, ("value", 2.8))), ("a", (0, ("count", 3))), ("b", (0, ("value", 2))), ("b", (0, ("count", 1))),
+    ])
+
+
 def test_metadata_emitted_for_one_key_is_its_own() -> None:
     """Fixed windows share one metadata object per window among their keys
     while open; each key's ``meta`` output is a copy of its own, so a sink

@@ -56,6 +56,9 @@ _DOWN = 0
 _LATE = 1
 _META = 2
 
+#: What window logics return most of the time; an empty one is skipped.
+_PLAIN = (tuple, list)
+
 #: 2: times as microseconds since 1970 (to_snapshot_time); 1: datetimes.
 _SNAPSHOT_VERSION = 2
 _SNAPSHOT_VERSIONS = (1, 2)
@@ -126,7 +129,8 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
             else:
                 self._advance(wm, out)
                 self._apply(ts, wm, v, out)
-                self._close_upto(wm, out)
+                if self.next_close <= wm:
+                    self._close_upto(wm, out)
         self.wake = self._compute_wake()
         return out, self._idle()
 
@@ -201,9 +205,11 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
             ts, _, v = heapq.heappop(buf)
             # windows that closed before this item's time close first (one
             # closing exactly at it, a gap-0 session, may still take it)
-            self._close_upto(ts, out, strict=True)
+            if self.next_close < ts:
+                self._close_upto(ts, out, strict=True)
             self._apply(ts, ts, v, out)
-        self._close_upto(wm, out)
+        if self.next_close <= wm:
+            self._close_upto(wm, out)
 
     def _apply(self, ts: datetime, wm: datetime, v: Any, out: List[Any]) -> None:
         metas = self.metas
@@ -211,12 +217,19 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
         windows = self.windows
         for into, frm in merges:
             original = windows.pop(frm)
-            out.extend((_DOWN, (into, w)) for w in windows[into].on_merge(original))
+            emitted = windows[into].on_merge(original)
+            if emitted.__class__ not in _PLAIN or emitted:
+                out.extend([(_DOWN, (into, w)) for w in emitted])
         for wid in targets:
             logic = windows.get(wid)
             if logic is None:
                 logic = windows[wid] = self.builder(None)
-            out.extend((_DOWN, (wid, w)) for w in logic.on_value(v))
+            # Most values emit nothing until their window closes: an empty
+            # tuple or list skips building the output loop at all (anything
+            # else is iterated: its truth may not say whether it is empty).
+            emitted = logic.on_value(v)
+            if emitted.__class__ not in _PLAIN or emitted:
+                out.extend([(_DOWN, (wid, w)) for w in emitted])
             close = metas[wid].close_time
             if close < self.next_close:
                 self.next_close = close
@@ -228,9 +241,11 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
             return
         metas = self.metas
         shared = self.windower.shares_metadata
-        due = sorted(
+        due = [
             (m.close_time, wid) for wid, m in metas.items() if m.close_time < t or (not strict and m.close_time == t)
-        )
+        ]
+        if len(due) > 1:
+            due.sort()
         for _, wid in due:
             logic = self.windows.pop(wid)
             meta = metas.pop(wid)
@@ -238,7 +253,7 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
                 meta = WindowMetadata(meta.open_time, meta.close_time, set())
             out.extend((_DOWN, (wid, w)) for w in logic.on_close())
             out.append((_META, (wid, meta)))
-        self.next_close = min((m.close_time for m in metas.values()), default=UTC_MAX)
+        self.next_close = min([m.close_time for m in metas.values()]) if metas else UTC_MAX
 
 
 def _split(tag: int, batch: List[Tuple[str, Tuple[int, Any]]]) -> List[Tuple[str, Any]]:
