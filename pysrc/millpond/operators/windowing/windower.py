@@ -208,21 +208,28 @@ class _SessionLogic(WindowerLogic):
             self.next_id += 1
             metas[wid] = WindowMetadata(ts, ts + gap, set())
             return [wid], [], []
-        hits.sort(key=lambda w: (metas[w].open_time, w))
+        if len(hits) > 1:
+            hits.sort(key=lambda w: (metas[w].open_time, w))
         into = hits[0]
+        # A session's metadata is its key's own until it closes (then it
+        # is popped and emitted), so it grows in place rather than being
+        # copied for every item.
         m = metas[into]
-        open_time = min(m.open_time, ts)
-        close_time = max(m.close_time, ts + gap)
-        merged = set(m.merged_ids)
+        if ts < m.open_time:
+            m.open_time = ts
+        end = ts + gap
+        if end > m.close_time:
+            m.close_time = end
         merges: List[Tuple[int, int]] = []
         for other in hits[1:]:
             o = metas.pop(other)
-            open_time = min(open_time, o.open_time)
-            close_time = max(close_time, o.close_time)
-            merged.add(other)
-            merged |= o.merged_ids
+            if o.open_time < m.open_time:
+                m.open_time = o.open_time
+            if o.close_time > m.close_time:
+                m.close_time = o.close_time
+            m.merged_ids.add(other)
+            m.merged_ids |= o.merged_ids
             merges.append((into, other))
-        metas[into] = WindowMetadata(open_time, close_time, merged)
         return [into], merges, []
 
     def snapshot(self) -> Any:
