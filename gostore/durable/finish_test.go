@@ -1,13 +1,10 @@
 package durable_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +14,7 @@ import (
 
 	"github.com/millpond/millpond/gostore/backup"
 	"github.com/millpond/millpond/gostore/durable"
+	"github.com/millpond/millpond/gostore/internal/testlog"
 	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
@@ -218,24 +216,6 @@ func TestClusterFinishDuringCompactionLeavesNoGarbage(t *testing.T) {
 	h.finish(procs)
 }
 
-// syncBuffer is a bytes.Buffer for a logger that goroutines share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A follower whose local store a later whole-state generation already
 // replaced cannot compact an older epoch: it says so, and the leader
 // retries at a later epoch without warning of a failed compaction (a
@@ -245,13 +225,13 @@ func TestClusterCompactionOfAReplacedEpochIsNoFault(t *testing.T) {
 	h := newClusterHarness(t)
 	g := updatesGen(300, 1, false)
 	late := &lateCompactions{Backup: h.bk, delay: 2 * time.Second}
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	procs, net := h.start(2, 1, false, func(c *durable.Config) {
 		c.CompactMinBytes, c.RetainEpochs = 1, 1
 		if c.Cluster.Index() > 0 {
 			c.Backup = late
 		} else {
-			c.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			c.Logger = logs.Logger()
 		}
 	})
 	last := int64(0)

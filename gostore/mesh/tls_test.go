@@ -13,19 +13,19 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/internal/testlog"
 )
 
 // testCA is a certificate authority made for one test, its files in dir.
@@ -144,39 +144,6 @@ func writePEM(t *testing.T, path, typ string, der []byte) {
 	require.NoError(t, os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600))
 }
 
-// logBuffer collects a logger's text lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-// lines returns the lines that hold every one of parts.
-func (b *logBuffer) lines(parts ...string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	for _, l := range strings.Split(b.buf.String(), "\n") {
-		ok := l != ""
-		for _, p := range parts {
-			ok = ok && strings.Contains(l, p)
-		}
-		if ok {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 func TestMutualTLSClusterOfThree(t *testing.T) {
 	checkLeaks(t)
 	cases := []struct {
@@ -225,12 +192,12 @@ func TestMutualTLSClusterOfThree(t *testing.T) {
 
 // startLonely starts process 0 of two (process 1 never comes), for
 // hand-made clients to knock on; it stops when the test ends.
-func startLonely(t *testing.T, files *TLSFiles, log *logBuffer) (*Mesh, string, *atomic.Int64) {
+func startLonely(t *testing.T, files *TLSFiles, log *testlog.Buffer) (*Mesh, string, *atomic.Int64) {
 	t.Helper()
 	addrs := freeAddrs(t, 2)
 	cfg := testConfig(addrs, 0)
 	cfg.TLS = files
-	cfg.Logger = log.logger()
+	cfg.Logger = log.Logger()
 	var handled atomic.Int64
 	cfg.Handlers = map[byte]func(int, []byte){5: func(int, []byte) { handled.Add(1) }}
 	s, err := validate(cfg)
@@ -320,7 +287,7 @@ func TestTLSServerRefusesAndLogsPeersThatCannotAuthenticate(t *testing.T) {
 			if c.tls {
 				files = ca.files(t, "server", c.mutual)
 			}
-			var log logBuffer
+			var log testlog.Buffer
 			m, addr, handled := startLonely(t, files, &log)
 			raw, plain, local := knock(t, addr, c.client)
 			if c.answer == "" {
@@ -334,11 +301,11 @@ func TestTLSServerRefusesAndLogsPeersThatCannotAuthenticate(t *testing.T) {
 			}
 			var refused []string
 			eventually(t, 5*time.Second, func() bool {
-				refused = log.lines(`msg="refused a cluster connection"`)
+				refused = log.Lines(`msg="refused a cluster connection"`)
 				return len(refused) > 0
 			}, "a refusal in the log")
 			time.Sleep(100 * time.Millisecond) // no second line follows
-			refused = log.lines(`msg="refused a cluster connection"`)
+			refused = log.Lines(`msg="refused a cluster connection"`)
 			require.Len(t, refused, 1, "one line per refused connection:\n%s", strings.Join(refused, "\n"))
 			assert.Contains(t, refused[0], "remote="+local)
 			assert.Contains(t, refused[0], c.reason)
@@ -390,14 +357,14 @@ func TestTLSMismatchFailsTheStartNamingThePeer(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			addrs := freeAddrs(t, 3)
-			logs := make([]*logBuffer, 3)
+			logs := make([]*testlog.Buffer, 3)
 			cfgs := make([]Config, 3)
 			for i := range cfgs {
-				logs[i] = &logBuffer{}
+				logs[i] = &testlog.Buffer{}
 				cfgs[i] = testConfig(addrs, i)
 				cfgs[i].StartTimeout = 3 * time.Second
 				cfgs[i].TLS = c.files(i)
-				cfgs[i].Logger = logs[i].logger()
+				cfgs[i].Logger = logs[i].Logger()
 			}
 			start := time.Now()
 			ms, errs := startAll(cfgs)
@@ -440,7 +407,7 @@ func TestTLSMismatchFailsTheStartNamingThePeer(t *testing.T) {
 			// Some server logged why it refused a connection.
 			var refusals []string
 			for _, l := range logs {
-				refusals = append(refusals, l.lines(`msg="refused a cluster connection"`, "remote=127.0.0.1:")...)
+				refusals = append(refusals, l.Lines(`msg="refused a cluster connection"`, "remote=127.0.0.1:")...)
 			}
 			assert.NotEmpty(t, refusals)
 		})

@@ -3,7 +3,6 @@ package s3backup
 import (
 	"bytes"
 	"context"
-	"log/slog"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millpond/millpond/gostore/backup/backuptest"
+	"github.com/millpond/millpond/gostore/internal/testlog"
 )
 
 // hungEndpoint listens on 127.0.0.1, accepts connections and never answers
@@ -167,9 +167,9 @@ func TestEndpointPasswordNeverShown(t *testing.T) {
 	const secret = "s3cr3tPASS"
 	url := hungEndpoint(t)
 	withPass := strings.Replace(url, "http://", "http://user:"+secret+"@", 1)
-	var logs lockedBuffer
+	var logs testlog.Buffer
 	opts := fastOptions(withPass)
-	opts.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	opts.Logger = logs.Logger()
 	b := newTestBackup(t, opts)
 	assert.Equal(t, "s3://millpond-test/p at http://user:xxxxx@"+strings.TrimPrefix(url, "http://"), b.String())
 	for name, err := range calls(t, b, context.Background()) {
@@ -181,21 +181,4 @@ func TestEndpointPasswordNeverShown(t *testing.T) {
 	_, err := New(context.Background(), Options{Bucket: testBucket, Endpoint: "ftp://u:" + secret + "@h"})
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), secret)
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
