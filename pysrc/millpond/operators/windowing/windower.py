@@ -146,12 +146,10 @@ class TumblingWindower(Windower):
         _check_align("TumblingWindower", align_to)
         self.length = length
         self.align_to = align_to
+        self._logic = _SlidingLogic(length, length, align_to)
 
     def build(self, resume_state: Any) -> WindowerLogic:
-        logic = self.__dict__.get("_logic")
-        if logic is None:
-            logic = self._logic = _SlidingLogic(self.length, self.length, self.align_to)
-        return logic
+        return self._logic
 
     def __repr__(self) -> str:
         return f"TumblingWindower(length={self.length!r}, align_to={self.align_to!r})"
@@ -175,12 +173,10 @@ class SlidingWindower(Windower):
         self.length = length
         self.offset = offset
         self.align_to = align_to
+        self._logic = _SlidingLogic(length, offset, align_to)
 
     def build(self, resume_state: Any) -> WindowerLogic:
-        logic = self.__dict__.get("_logic")
-        if logic is None:
-            logic = self._logic = _SlidingLogic(self.length, self.offset, self.align_to)
-        return logic
+        return self._logic
 
     def __repr__(self) -> str:
         return f"SlidingWindower(length={self.length!r}, offset={self.offset!r}, align_to={self.align_to!r})"
