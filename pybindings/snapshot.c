@@ -38,12 +38,48 @@ static int put_value(mp_buf *b, const char *s, size_t n) { return put_prefixed(b
 // snapshot go straight to dumps.
 enum { GIVE_UP_AFTER = 8 };
 
+// Bytes a kept pickle costs beyond its own: the bytes object's header and
+// its dict entry, about.
+enum { KEPT_OVERHEAD = 64 };
+
+// Keeps pickled as key's last pickle in kept (a step's dict of them)
+// while carry's budget allows; otherwise forgets the one it kept, which
+// no longer is the key's state. -1 with an exception set on error.
+static int keep(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *pickled) {
+    PyObject *old = PyDict_GetItemWithError(kept, key);
+    if (old == NULL && PyErr_Occurred()) return -1;
+    Py_ssize_t was = old ? PyBytes_GET_SIZE(old) + KEPT_OVERHEAD : 0;
+    Py_ssize_t now = PyBytes_GET_SIZE(pickled) + KEPT_OVERHEAD;
+    if (carry->held - was + now <= carry->budget) {
+        if (PyDict_SetItem(kept, key, pickled) < 0) return -1;
+        carry->held += now - was;
+        return 0;
+    }
+    if (old == NULL) return 0;
+    carry->held -= was;
+    return PyDict_DelItem(kept, key);
+}
+
+// The dict of kept pickles of step (made on first use).
+static PyObject *kept_of(mp_carry *carry, PyObject *step) {
+    PyObject *kept = PyDict_GetItemWithError(carry->packed, step);
+    if (kept != NULL || PyErr_Occurred()) return kept;
+    kept = PyDict_New();
+    if (kept == NULL) return NULL;
+    int rc = PyDict_SetItem(carry->packed, step, kept);
+    Py_DECREF(kept);  // the step's dict holds it
+    return rc < 0 ? NULL : kept;
+}
+
 // mp_pack_snapshot(dirty: dict[str, dict[str, None]], live: dict[str,
 // dict[str, obj]], dumps, protocol) packs every touched key (a deletion
 // for a touched key that is not live) and returns the buffer and its
 // length. Any error propagates as is (NULL); the caller redoes the work in
-// Python to name the step and key.
-char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObject *protocol, size_t *out_len) {
+// Python to name the step and key. With carry (else NULL), each key packed
+// is kept there, and a key carry->touched leaves out (when set) is copied
+// from there if it is kept.
+char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObject *protocol, mp_carry *carry,
+                       size_t *out_len) {
     Py_ssize_t count = 0, pos = 0;
     PyObject *step, *keys;
     while (PyDict_Next(dirty, &pos, &step, &keys)) {
@@ -80,6 +116,16 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
         }
         Py_ssize_t kpos = 0, touched = PyDict_GET_SIZE(keys);
         int misses = 0;
+        PyObject *kept = NULL, *touched_keys = NULL;
+        int topped_up = 0;
+        if (carry != NULL) {
+            if ((kept = kept_of(carry, step)) == NULL) goto fail;
+            if (carry->touched != NULL) {
+                topped_up = 1;
+                touched_keys = PyDict_GetItemWithError(carry->touched, step);
+                if (touched_keys == NULL && PyErr_Occurred()) goto fail;
+            }
+        }
         PyObject *key, *unused;
         while (PyDict_Next(keys, &kpos, &key, &unused)) {
             // .snapshot() is user code: if it touched the store, the walk
@@ -98,13 +144,40 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
             if (obj == NULL) {  // discarded: a deletion
                 if (mp_buf_grow(&b, 1) < 0) goto fail;
                 put_varint(&b, 0);
+                if (kept != NULL) {
+                    PyObject *was = PyDict_GetItemWithError(kept, key);
+                    if (was == NULL && PyErr_Occurred()) goto fail;
+                    if (was != NULL) {
+                        carry->held -= PyBytes_GET_SIZE(was) + KEPT_OVERHEAD;
+                        if (PyDict_DelItem(kept, key) < 0) goto fail;
+                    }
+                }
                 continue;
+            }
+            if (topped_up) {
+                // A key the epoch did not touch still packs to what it
+                // packed to last time: copy that if it was kept.
+                int in = touched_keys ? PyDict_Contains(touched_keys, key) : 0;
+                if (in < 0) goto fail;
+                PyObject *last = in ? NULL : PyDict_GetItemWithError(kept, key);
+                if (last != NULL) {
+                    if (put_value(&b, PyBytes_AS_STRING(last), (size_t)PyBytes_GET_SIZE(last)) < 0) goto fail;
+                    carry->reused++;
+                    continue;
+                }
+                if (PyErr_Occurred()) goto fail;
             }
             PyObject *state = PyObject_CallMethodNoArgs(obj, snapshot_name);
             int rc = state && misses < GIVE_UP_AFTER ? mp_fast_pickle(state, (int)proto, &scratch) : 1;
             if (rc <= 0) {
                 Py_DECREF(state);
                 if (rc < 0 || put_value(&b, scratch.p, scratch.len) < 0) goto fail;
+                if (kept != NULL) {
+                    PyObject *pickled = PyBytes_FromStringAndSize(scratch.p, (Py_ssize_t)scratch.len);
+                    rc = pickled ? keep(carry, kept, key, pickled) : -1;
+                    Py_XDECREF(pickled);
+                    if (rc < 0) goto fail;
+                }
                 scratch.len = 0;
                 misses = 0;
                 continue;
@@ -119,6 +192,7 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
                 goto fail;
             }
             rc = put_value(&b, PyBytes_AS_STRING(pickled), (size_t)PyBytes_GET_SIZE(pickled));
+            if (rc == 0 && kept != NULL) rc = keep(carry, kept, key, pickled);
             Py_DECREF(pickled);
             if (rc < 0) goto fail;
         }

@@ -31,20 +31,27 @@ MP_METHOD(store_close) { return mp_call_handle(args, mp_store_close); }
 MP_METHOD(store_snapshot) {
     unsigned long long h;
     long long epoch;
-    PyObject *dirty, *live, *dumps, *protocol;
+    PyObject *dirty, *live, *dumps, *protocol, *packed = Py_None, *touched = Py_None;
     int whole = 0;
-    if (!PyArg_ParseTuple(args, "KLO!O!OOp", &h, &epoch, &PyDict_Type, &dirty, &PyDict_Type, &live, &dumps, &protocol,
-                          &whole))
+    mp_carry carry = {0};
+    if (!PyArg_ParseTuple(args, "KLO!O!OOp|OOnn", &h, &epoch, &PyDict_Type, &dirty, &PyDict_Type, &live, &dumps,
+                          &protocol, &whole, &packed, &touched, &carry.budget, &carry.held))
         return NULL;
+    if ((packed != Py_None && !PyDict_CheckExact(packed)) || (touched != Py_None && !PyDict_Check(touched))) {
+        PyErr_SetString(PyExc_TypeError, "store_snapshot: packed and touched must be dicts or None");
+        return NULL;
+    }
+    carry.packed = packed;
+    carry.touched = touched == Py_None ? NULL : touched;
     double t0 = now_seconds();
     size_t len = 0;
-    char *buf = mp_pack_snapshot(dirty, live, dumps, protocol, &len);
+    char *buf = mp_pack_snapshot(dirty, live, dumps, protocol, packed == Py_None ? NULL : &carry, &len);
     if (buf == NULL) return NULL;
     double t1 = now_seconds();
     long long written = 0;
     CALL_GO(mp_store_write(h, epoch, whole, buf, len, &written, &kind, &msg));
     double t2 = now_seconds();
-    return Py_BuildValue("(Ldd)", written, t1 - t0, t2 - t1);
+    return Py_BuildValue("(Lddnn)", written, t1 - t0, t2 - t1, carry.reused, carry.held);
 }
 
 MP_METHOD(store_get) {

@@ -53,6 +53,12 @@ logger = logging.getLogger("millpond")
 #: newest protocol is the fastest and most compact).
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
+#: The most a store keeps of its keys' last pickles in batch mode (see
+#: :meth:`StateStore.snapshot`), counting about 64 bytes of overhead each:
+#: enough for a few hundred thousand small states; a larger state keeps what
+#: fits and packs the rest as before.
+KEEP_PICKLES_BYTES = 64 << 20
+
 
 def _reduce_timezone(tz: timezone) -> tuple[Any, ...]:
     return (timezone, tz.__getinitargs__())  # type: ignore[attr-defined]
@@ -585,6 +591,13 @@ class StateStore(_LiveState):
         #: whole state. The recovery run sets it in batch mode, where a whole
         #: epoch spares a compaction that would rewrite all of it.
         self.whole_from: Optional[float] = None
+        #: Rows of the last snapshot copied from kept pickles (see
+        #: :meth:`snapshot`) rather than packed from their objects.
+        self.last_snapshot_reused = 0
+        # With whole_from set: each key's last pickle, per step, kept while
+        # the key is not touched (see snapshot), and the bytes they hold.
+        self._packed: dict[str, dict[str, bytes]] = {}
+        self._packed_bytes = 0
         self._max_live: Optional[int] = None
 
     @classmethod
@@ -741,6 +754,9 @@ class StateStore(_LiveState):
                 changed[step_id] = written
         if changed:
             self._write(self._spill_epoch(epoch), changed)
+        # Evicted steps are no longer all live, so no snapshot is whole
+        # (and tops up) until they are read in full again.
+        self._forget_packed()
         count = 0
         self._victims = {}
         for step_id, keys in victims.items():
@@ -764,10 +780,22 @@ class StateStore(_LiveState):
         """The epoch evicted changes are written at."""
         return epoch
 
-    def _write(self, epoch: int, touched: dict[str, dict[str, None]], whole: bool = False) -> tuple[int, float, float]:
+    def _write(
+        self,
+        epoch: int,
+        touched: dict[str, dict[str, None]],
+        whole: bool = False,
+        keep: bool = False,
+        own: Optional[dict[str, dict[str, None]]] = None,
+    ) -> tuple[int, float, float]:
         """Write ``touched`` (keys per step; a key not live is a deletion)
         at ``epoch`` in one call; return the rows written and the seconds
         spent packing and handing them to the core.
+
+        With ``keep``, every key packed has its pickle kept in
+        ``self._packed``, and a key ``own`` (what the epoch itself touched,
+        when ``touched`` is topped up to the whole state) leaves out is
+        written from there if it was kept.
 
         Each pickle.dumps allocates a pickler the cyclic collector tracks,
         so a large write would set off collections that walk the whole
@@ -779,19 +807,32 @@ class StateStore(_LiveState):
         collecting = _pygc.isenabled()
         _pygc.disable()
         try:
-            written, pack_s, write_s = _core.store_snapshot(
-                handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, whole
-            )
-        except (StateStoreError, RecoveryError):
-            raise
-        except Exception as exc:
+            if keep:
+                written, pack_s, write_s, reused, self._packed_bytes = _core.store_snapshot(
+                    handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, whole,
+                    self._packed, own, KEEP_PICKLES_BYTES, self._packed_bytes,
+                )
+            else:
+                written, pack_s, write_s, reused, _ = _core.store_snapshot(
+                    handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, whole
+                )
+        except BaseException as exc:
+            # Which kept pickles the failed call replaced is not known.
+            self._forget_packed()
+            if isinstance(exc, (StateStoreError, RecoveryError)) or not isinstance(exc, Exception):
+                raise
             # Packing failed in user code (.snapshot() or pickling) and
             # nothing was written: find the step and key to name.
             self._raise_snapshot_error(exc)
         finally:
             if collecting:
                 _pygc.enable()
+        self.last_snapshot_reused = reused
         return int(written), pack_s, write_s
+
+    def _forget_packed(self) -> None:
+        self._packed = {}
+        self._packed_bytes = 0
 
     def snapshot(self, epoch: int) -> int:
         """Persist every touched key at ``epoch`` in one call; return the rows written.
@@ -805,12 +846,22 @@ class StateStore(_LiveState):
         If any object cannot be snapshotted or pickled,
         :class:`~millpond.errors.SnapshotError` names its step and key and
         nothing of the batch is written.
+
+        With :attr:`whole_from` set, each key's pickle is kept (up to
+        ``KEEP_PICKLES_BYTES`` in all) until the key is touched again: a key
+        not touched since its last snapshot packs to the same bytes, so a
+        top-up writes those instead of calling ``.snapshot()`` and pickling
+        again. :attr:`last_snapshot_reused` counts them.
         """
         self._require_handle()
         if type(epoch) is not int or epoch < 1:
             raise ValueError(f"snapshot epoch must be an int of at least 1 (epochs start at 1), got {epoch!r}")
-        whole = self._make_whole(self.whole_from)
-        written, pack_s, write_s = self._write(epoch, self._dirty, whole)
+        may_be_whole = self._may_be_whole()
+        keep = self.whole_from is not None and may_be_whole
+        if not keep and self._packed:
+            self._forget_packed()
+        whole, own = self._make_whole(self.whole_from) if may_be_whole else (False, None)
+        written, pack_s, write_s = self._write(epoch, self._dirty, whole, keep, own)
         self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
         self.snapshot_rows += written
@@ -820,33 +871,41 @@ class StateStore(_LiveState):
         self._clear_dirty()
         return written
 
-    def _make_whole(self, share: Optional[float]) -> bool:
-        """Whether this snapshot is the whole state, topping it up to be.
-
-        It is whole when every live key is touched (discarded keys are the
-        only touched keys not live) and every step with stored rows was read
-        in full (a stored key never read is state the batch would leave
-        out). With ``share`` set, touching at least that share of the live
-        keys is enough: the rest are touched too, since writing them costs
-        less than compacting what the batch already rewrote. A whole batch
-        visits the objects in the order they were made: in the order an
-        epoch first touched them, a snapshot that visits most of them misses
-        the cache on nearly every one (three to five times slower).
-        """
+    def _may_be_whole(self) -> bool:
+        """Whether every step with stored rows was read in full, so that
+        the live keys are all the state (a stored key never read is state a
+        batch of live keys would leave out)."""
         for step_id in self._stored_steps:
             if step_id not in self._live or step_id in self._maybe_stored:
                 return False
+        return True
+
+    def _make_whole(self, share: Optional[float]) -> tuple[bool, Optional[dict[str, dict[str, None]]]]:
+        """Whether this snapshot is the whole state (:meth:`_may_be_whole`
+        holds), topping it up to be; and, when it topped up, the keys the
+        epoch touched itself.
+
+        It is whole when every live key is touched (discarded keys are the
+        only touched keys not live). With ``share`` set, touching at least
+        that share of the live keys is enough: the rest are touched too,
+        since writing them costs less than compacting what the batch
+        already rewrote. A whole batch visits the objects in the order they
+        were made: in the order an epoch first touched them, a snapshot that
+        visits most of them misses the cache on nearly every one (three to
+        five times slower).
+        """
         live_keys = sum(len(live) for live in self._live.values())
         touched = sum(len(d) - len(self._deleted[s]) for s, d in self._dirty.items())
         if touched < live_keys and (share is None or touched < share * live_keys):
-            return False
+            return False, None
+        own = dict(self._dirty) if touched < live_keys else None
         for step_id, live in self._live.items():
             ordered = dict.fromkeys(live)
             deleted = self._deleted[step_id]
             if deleted:
                 ordered.update(dict.fromkeys(deleted))
             self._dirty[step_id] = ordered
-        return True
+        return True, own
 
     def hydrate_all(self, step_id: str, chunk_rows: int = 8192) -> int:
         """Build live objects for every stored key of ``step_id``; return how many.
