@@ -7,17 +7,24 @@ packing the objects would write."""
 from __future__ import annotations
 
 import pickle
+import shutil
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import millpond.operators as op
 from millpond import _core
 from millpond import state as state_mod
+from millpond.backup import DirBackup
+from millpond.dataflow import Dataflow
 from millpond.errors import SnapshotError
+from millpond.recovery import RecoveryConfig, SnapshotMode
 from millpond.state import StateStore
+from millpond.testing import TestingSink, TestingSource, cluster_main
 
 FLOW = "flow"
 STEP = "s"
@@ -53,36 +60,64 @@ def stored(s: StateStore, key: str) -> Any:
     return pickle.loads(found[1])
 
 
+def seeded(path: Path, n: int, whole_from: float = 0.5) -> StateStore:
+    """A store with keys k0..k(n-1) = 0..n-1 snapshotted at epoch 1 (an
+    epoch that touched every key, so it kept nothing)."""
+    s = open_store(path)
+    s.whole_from = whole_from
+    for i in range(n):
+        s.get_or_build(STEP, f"k{i}").value = i
+    s.snapshot(1)
+    assert s._packed == {}
+    return s
+
+
+def touch(s: StateStore, *keys: str, add: int = 100) -> None:
+    for k in keys:
+        s.get(STEP, k).value += add
+
+
 def test_a_top_up_writes_untouched_keys_from_their_kept_pickles(tmp_path):
-    with open_store(tmp_path) as s:
-        s.whole_from = 0.5
-        for i in range(10):
-            s.get_or_build(STEP, f"k{i}").value = i
-        s.snapshot(1)
-        assert s.last_snapshot_reused == 0
-        for i in range(6):
-            s.get(STEP, f"k{i}").value += 100
+    with seeded(tmp_path, 10) as s:
+        six = [f"k{i}" for i in range(6)]
+        touch(s, *six)
+        s.snapshot(2)
+        assert s.last_snapshot_whole and s.last_snapshot_reused == 0
+        assert set(s._packed[STEP]) == {f"k{i}" for i in range(10)}
+        touch(s, *six)
         Counted.calls = 0
-        assert s.snapshot(2) == 10
+        assert s.snapshot(3) == 10
         assert s.last_snapshot_whole
         assert s.last_snapshot_reused == 4
         assert Counted.calls == 6, "only the touched keys are snapshotted"
     with open_store(tmp_path) as s:
-        assert {k: s.get(STEP, k).value for k in s.keys(STEP)} == {f"k{i}": i + 100 * (i < 6) for i in range(10)}
+        assert {k: s.get(STEP, k).value for k in s.keys(STEP)} == {f"k{i}": i + 200 * (i < 6) for i in range(10)}
+
+
+@pytest.mark.parametrize("touched, keeps", [(10, False), (10 - 1, True), (5, True), (3, True), (2, False), (0, False)])
+def test_pickles_are_kept_from_epochs_that_make_copying_them_likely(tmp_path, touched, keeps):
+    # whole_from 0.5: at least a quarter and at most 90% of the keys touched
+    with seeded(tmp_path, 10) as s:
+        touch(s, *(f"k{i}" for i in range(5)))
+        s.snapshot(2)
+        assert s._packed_bytes > 0
+        touch(s, *(f"k{i}" for i in range(touched)))
+        s.snapshot(3)
+        assert (s._packed_bytes > 0) is keeps
+        assert bool(s._packed) is keeps, "what is not kept is dropped"
 
 
 def test_a_discarded_key_is_no_longer_kept(tmp_path):
-    with open_store(tmp_path) as s:
-        s.whole_from = 0.5
-        for k in "ab":
-            s.get_or_build(STEP, k).value = k
-        s.snapshot(1)
-        held = s._packed_bytes
-        s.discard(STEP, "a")
+    with seeded(tmp_path, 4) as s:
+        touch(s, "k0", "k1")
         s.snapshot(2)
-        assert set(s._packed[STEP]) == {"b"}
+        held = s._packed_bytes
+        s.discard(STEP, "k2")
+        touch(s, "k3")
+        s.snapshot(3)
+        assert set(s._packed[STEP]) == {"k0", "k1", "k3"}
         assert s._packed_bytes < held
-        assert stored(s, "a") == GONE
+        assert stored(s, "k2") == GONE
 
 
 def test_without_whole_from_nothing_is_kept(tmp_path):
@@ -90,58 +125,54 @@ def test_without_whole_from_nothing_is_kept(tmp_path):
         for i in range(10):
             s.get_or_build(STEP, f"k{i}").value = i
         s.snapshot(1)
+        touch(s, "k0", "k1", "k2", "k3", "k4")
+        s.snapshot(2)
         assert s._packed == {} and s._packed_bytes == 0
 
 
 def test_a_failed_snapshot_forgets_what_was_kept(tmp_path):
-    with open_store(tmp_path) as s:
-        s.whole_from = 0.5
-        for i in range(4):
-            s.get_or_build(STEP, f"k{i}").value = i
-        s.snapshot(1)
+    with seeded(tmp_path, 4) as s:
+        touch(s, "k2", "k3")
+        s.snapshot(2)
         assert s._packed_bytes > 0
         s.get(STEP, "k0").value = lambda: None  # not picklable
         s.get(STEP, "k1").value = "changed"
         with pytest.raises(SnapshotError, match="k0"):
-            s.snapshot(2)
+            s.snapshot(3)
         assert s._packed == {} and s._packed_bytes == 0
         s.get(STEP, "k0").value = "fixed"
-        s.snapshot(2)
+        s.snapshot(3)
         assert s.last_snapshot_reused == 0, "nothing kept survives a failed snapshot"
-        assert [stored(s, f"k{i}") for i in range(4)] == ["fixed", "changed", 2, 3]
+        assert [stored(s, f"k{i}") for i in range(4)] == ["fixed", "changed", 102, 103]
 
 
 def test_kept_pickles_stay_within_their_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(state_mod, "KEEP_PICKLES_BYTES", 1000)
-    with open_store(tmp_path) as s:
-        s.whole_from = 0.0
-        for i in range(50):
-            s.get_or_build(STEP, f"k{i}").value = "x" * 40
-        s.snapshot(1)
+    with seeded(tmp_path, 50, whole_from=0.0) as s:
+        touch(s, *(f"k{i}" for i in range(10)))
+        s.snapshot(2)
         kept = set(s._packed[STEP])
         assert 0 < len(kept) < 50
         assert s._packed_bytes == sum(len(b) + 64 for b in s._packed[STEP].values()) <= 1000
-        s.get(STEP, "k0").value = "y"
-        s.snapshot(2)
+        touch(s, "k0")
+        s.snapshot(3)
         assert s.last_snapshot_reused == len(kept - {"k0"})
         assert s._packed_bytes == sum(len(b) + 64 for b in s._packed[STEP].values()) <= 1000
 
 
 def test_a_key_whose_new_pickle_does_not_fit_is_packed_again_not_copied(tmp_path, monkeypatch):
-    monkeypatch.setattr(state_mod, "KEEP_PICKLES_BYTES", 200)
-    with open_store(tmp_path) as s:
-        s.whole_from = 0.0
-        s.get_or_build(STEP, "a").value = "small"
-        s.get_or_build(STEP, "b").value = 0
-        s.snapshot(1)
-        assert set(s._packed[STEP]) == {"a", "b"}
-        s.get(STEP, "a").value = "large" * 40  # its pickle no longer fits
+    monkeypatch.setattr(state_mod, "KEEP_PICKLES_BYTES", 300)
+    with seeded(tmp_path, 3, whole_from=0.0) as s:
+        touch(s, "k2")
         s.snapshot(2)
-        assert set(s._packed[STEP]) == {"b"}
-        s.get(STEP, "b").value = 1
+        assert set(s._packed[STEP]) == {"k0", "k1", "k2"}
+        s.get(STEP, "k0").value = "large" * 40  # its pickle no longer fits
         s.snapshot(3)
-        assert s.last_snapshot_reused == 0
-        assert (stored(s, "a"), stored(s, "b")) == ("large" * 40, 1)
+        assert set(s._packed[STEP]) == {"k1", "k2"}
+        touch(s, "k1")
+        s.snapshot(4)
+        assert s.last_snapshot_reused == 1, "k2 is copied, k0 is packed again"
+        assert [stored(s, f"k{i}") for i in range(3)] == ["large" * 40, 101, 102]
 
 
 # Operations on a few keys: set a new object, change a live one (both
@@ -188,3 +219,64 @@ def test_topped_up_epochs_store_what_packing_every_object_would(tmp_path_factory
                 assert s._packed_bytes <= budget
                 for k in (f"k{i}" for i in range(6)):
                     assert stored(s, k) == model.get(k, GONE), f"key {k} after epoch {epoch}"
+
+
+# -- through the engine: a batch-mode run whose whole epochs copy keys -----------------
+
+
+def _rotating_data(epochs: int, keys: int = 10, per_epoch: int = 6) -> List[Tuple[str, int]]:
+    """``per_epoch`` distinct keys of ``keys`` per batch, a different set
+    each time: every epoch leaves 40% of the keys untouched."""
+    return [(f"k{(e * 3 + i) % keys}", 1 + (e + i) % 3) for e in range(epochs) for i in range(per_epoch)]
+
+
+def _flow(items: List[Any], out: List[Any]) -> Dataflow:
+    flow = Dataflow("kept")
+    s = op.input("inp", flow, TestingSource(items, batch_size=6))
+    s = op.stateful_map("count", s, lambda st, v: ((st or 0) + v, (st or 0) + v))
+    op.output("out", s, TestingSink(out))
+    return flow
+
+
+def _run(flow: Dataflow, out: List[Any], cfg: RecoveryConfig, workers: int) -> List[Any]:
+    start = len(out)
+    cluster_main(flow, [], 0, epoch_interval=timedelta(0), recovery_config=cfg, worker_count_per_proc=workers)
+    return out[start:]
+
+
+@pytest.mark.parametrize("lose_local", [False, True], ids=["fast", "full"])
+def test_a_run_whose_whole_epochs_copy_kept_pickles_resumes_to_the_uninterrupted_state(
+    tmp_path, monkeypatch, lose_local
+):
+    copied: List[int] = []
+    snapshot = StateStore.snapshot
+
+    def counting(self: StateStore, epoch: int) -> int:
+        n = snapshot(self, epoch)
+        copied.append(self.last_snapshot_reused)
+        return n
+
+    monkeypatch.setattr(StateStore, "snapshot", counting)
+    data = _rotating_data(30)
+    cut = 6 * 17 + 3  # mid-batch
+    items = data[:cut] + [TestingSource.ABORT()] + data[cut:] + [TestingSource.EOF()]
+    probes = [(f"k{i}", 0) for i in range(10)]
+    state, backup = tmp_path / "state", tmp_path / "backup"
+    state.mkdir()
+    cfg = RecoveryConfig(state, backup=DirBackup(backup), snapshot_mode=SnapshotMode.BATCH)
+    out: List[Any] = []
+    flow = _flow(items + probes, out)
+    first = _run(flow, out, cfg, 1)
+    assert sum(copied) > 0, "the whole epochs copied untouched keys"
+    if lose_local:
+        shutil.rmtree(state)
+        state.mkdir()
+    second = _run(flow, out, cfg, 2)
+    third = _run(flow, out, cfg, 1)
+    totals: Dict[str, int] = {}
+    running = []
+    for k, v in data:
+        totals[k] = totals.get(k, 0) + v
+        running.append((k, totals[k]))
+    assert dict(third) == totals, "the probes read the uninterrupted run's final state"
+    assert set(first + second) == set(running), "every running total, none wrong"

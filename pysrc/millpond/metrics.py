@@ -342,6 +342,14 @@ class RunCollector(Collector):
             if isinstance(n, int):
                 snap_rows.add_metric([self.flow_id, str(w.index)], n)
         yield snap_rows
+        copied = _counter("millpond_snapshot_rows_copied", "Rows of this worker's whole-state snapshots copied "
+                          "from the keys' last pickles (untouched since) instead of packed again.",
+                          ["flow", "worker"])
+        for w in workers:
+            n = getattr(w.store, "snapshot_rows_copied", None)
+            if isinstance(n, int):
+                copied.add_metric([self.flow_id, str(w.index)], n)
+        yield copied
         yield counter("millpond_compactions", "Compactions of the durable store.", m["compactions"])
         yield counter("millpond_local_write_seconds", "Seconds the local stores spent writing snapshots "
                       "(in the background).", m["local_write_seconds"])

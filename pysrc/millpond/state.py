@@ -53,6 +53,10 @@ logger = logging.getLogger("millpond")
 #: newest protocol is the fastest and most compact).
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
+# Pickles are kept only from epochs that left more than this share of the
+# live keys untouched (StateStore._keeps_pickles).
+_KEEP_UP_TO = 0.9
+
 #: The most a store keeps of its keys' last pickles in batch mode (see
 #: :meth:`StateStore.snapshot`), counting about 64 bytes of overhead each:
 #: enough for a few hundred thousand small states; a larger state keeps what
@@ -592,8 +596,10 @@ class StateStore(_LiveState):
         #: epoch spares a compaction that would rewrite all of it.
         self.whole_from: Optional[float] = None
         #: Rows of the last snapshot copied from kept pickles (see
-        #: :meth:`snapshot`) rather than packed from their objects.
+        #: :meth:`snapshot`) rather than packed from their objects, and of
+        #: every snapshot of this store.
         self.last_snapshot_reused = 0
+        self.snapshot_rows_copied = 0
         # With whole_from set: each key's last pickle, per step, kept while
         # the key is not touched (see snapshot), and the bytes they hold.
         self._packed: dict[str, dict[str, bytes]] = {}
@@ -851,20 +857,25 @@ class StateStore(_LiveState):
         ``KEEP_PICKLES_BYTES`` in all) until the key is touched again: a key
         not touched since its last snapshot packs to the same bytes, so a
         top-up writes those instead of calling ``.snapshot()`` and pickling
-        again. :attr:`last_snapshot_reused` counts them.
+        again. :attr:`last_snapshot_reused` counts them. An epoch that
+        touched nearly every key, or few of them, keeps nothing (and drops
+        what was kept): top-ups would copy little of it.
         """
         self._require_handle()
         if type(epoch) is not int or epoch < 1:
             raise ValueError(f"snapshot epoch must be an int of at least 1 (epochs start at 1), got {epoch!r}")
         may_be_whole = self._may_be_whole()
-        keep = self.whole_from is not None and may_be_whole
+        live_keys = sum(len(live) for live in self._live.values())
+        touched = sum(len(d) - len(self._deleted[s]) for s, d in self._dirty.items())
+        keep = self._keeps_pickles(may_be_whole, live_keys, touched)
         if not keep and self._packed:
             self._forget_packed()
-        whole, own = self._make_whole(self.whole_from) if may_be_whole else (False, None)
+        whole, own = self._make_whole(self.whole_from, live_keys, touched) if may_be_whole else (False, None)
         written, pack_s, write_s = self._write(epoch, self._dirty, whole, keep, own)
         self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
         self.snapshot_rows += written
+        self.snapshot_rows_copied += self.last_snapshot_reused
         # Keys written by this store stay live unless evicted (which marks
         # their step as stored), so steps first written now never need a
         # lookup on a miss.
@@ -880,7 +891,23 @@ class StateStore(_LiveState):
                 return False
         return True
 
-    def _make_whole(self, share: Optional[float]) -> tuple[bool, Optional[dict[str, dict[str, None]]]]:
+    def _keeps_pickles(self, may_be_whole: bool, live_keys: int, touched: int) -> bool:
+        """Whether this snapshot keeps the pickles it packs (see
+        :meth:`snapshot`). Keeping one costs about 0.15 us, paid back only
+        when a later top-up copies it, so pickles are kept in batch mode
+        when this epoch touched a share of the keys that makes top-ups
+        likely (at least half of ``whole_from``) and left enough untouched
+        (more than ``1 - _KEEP_UP_TO``) for them to copy: an epoch that
+        touches nearly every key, as a word count over a small vocabulary
+        does, keeps nothing, nor does one that touches a few keys."""
+        share = self.whole_from
+        if share is None or not may_be_whole or live_keys == 0:
+            return False
+        return share / 2 * live_keys <= touched <= _KEEP_UP_TO * live_keys
+
+    def _make_whole(
+        self, share: Optional[float], live_keys: int, touched: int
+    ) -> tuple[bool, Optional[dict[str, dict[str, None]]]]:
         """Whether this snapshot is the whole state (:meth:`_may_be_whole`
         holds), topping it up to be; and, when it topped up, the keys the
         epoch touched itself.
@@ -892,10 +919,9 @@ class StateStore(_LiveState):
         already rewrote. A whole batch visits the objects in the order they
         were made: in the order an epoch first touched them, a snapshot that
         visits most of them misses the cache on nearly every one (three to
-        five times slower).
+        five times slower). ``live_keys`` and ``touched`` count the live
+        keys and the touched keys that are live.
         """
-        live_keys = sum(len(live) for live in self._live.values())
-        touched = sum(len(d) - len(self._deleted[s]) for s, d in self._dirty.items())
         if touched < live_keys and (share is None or touched < share * live_keys):
             return False, None
         own = dict(self._dirty) if touched < live_keys else None
