@@ -280,3 +280,17 @@ def test_a_run_whose_whole_epochs_copy_kept_pickles_resumes_to_the_uninterrupted
         running.append((k, totals[k]))
     assert dict(third) == totals, "the probes read the uninterrupted run's final state"
     assert set(first + second) == set(running), "every running total, none wrong"
+
+
+def test_a_store_whose_states_pack_fast_keeps_nothing(tmp_path):
+    with seeded(tmp_path, 300) as s:
+        assert s._pack_cost is not None and s._pack_cost > 0, "300 rows packed: their cost is measured"
+        half = [f"k{i}" for i in range(150)]
+        s._pack_cost = 0.3e-6  # an int state's cost
+        touch(s, *half)
+        s.snapshot(2)
+        assert s._packed == {}
+        s._pack_cost = 3e-6  # a windowing key's
+        touch(s, *half)
+        s.snapshot(3)
+        assert len(s._packed[STEP]) == 300

@@ -54,8 +54,16 @@ logger = logging.getLogger("millpond")
 PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 # Pickles are kept only from epochs that left more than this share of the
-# live keys untouched (StateStore._keeps_pickles).
+# live keys untouched (StateStore._keeps_pickles), and only by stores whose
+# keys cost at least _KEEP_FROM_PACK_SECONDS a row to pack: copying a kept
+# pickle costs about _COPY_SECONDS (dict lookups and a bytes object that is
+# no longer in cache), so for small states (an int packs in 0.2-0.4 us)
+# keeping them costs more than it saves.
 _KEEP_UP_TO = 0.9
+_KEEP_FROM_PACK_SECONDS = 1.0e-6
+_COPY_SECONDS = 0.5e-6
+# Rows a snapshot must pack for its time to tell what a row costs.
+_PACK_COST_SAMPLE = 256
 
 #: The most a store keeps of its keys' last pickles in batch mode (see
 #: :meth:`StateStore.snapshot`), counting about 64 bytes of overhead each:
@@ -604,6 +612,9 @@ class StateStore(_LiveState):
         # the key is not touched (see snapshot), and the bytes they hold.
         self._packed: dict[str, dict[str, bytes]] = {}
         self._packed_bytes = 0
+        # Seconds a row the last snapshot that packed enough rows took to
+        # pack them (None until one did).
+        self._pack_cost: Optional[float] = None
         self._max_live: Optional[int] = None
 
     @classmethod
@@ -859,7 +870,9 @@ class StateStore(_LiveState):
         top-up writes those instead of calling ``.snapshot()`` and pickling
         again. :attr:`last_snapshot_reused` counts them. An epoch that
         touched nearly every key, or few of them, keeps nothing (and drops
-        what was kept): top-ups would copy little of it.
+        what was kept): top-ups would copy little of it; nor does a store
+        whose states pack in less than about 1 us a row, which is not much
+        more than copying a kept pickle costs.
         """
         self._require_handle()
         if type(epoch) is not int or epoch < 1:
@@ -875,7 +888,10 @@ class StateStore(_LiveState):
         self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
         self.snapshot_rows += written
-        self.snapshot_rows_copied += self.last_snapshot_reused
+        reused = self.last_snapshot_reused
+        self.snapshot_rows_copied += reused
+        if written - reused >= _PACK_COST_SAMPLE:
+            self._pack_cost = max(0.0, pack_s - reused * _COPY_SECONDS) / (written - reused)
         # Keys written by this store stay live unless evicted (which marks
         # their step as stored), so steps first written now never need a
         # lookup on a miss.
@@ -899,9 +915,13 @@ class StateStore(_LiveState):
         likely (at least half of ``whole_from``) and left enough untouched
         (more than ``1 - _KEEP_UP_TO``) for them to copy: an epoch that
         touches nearly every key, as a word count over a small vocabulary
-        does, keeps nothing, nor does one that touches a few keys."""
+        does, keeps nothing, nor does one that touches a few keys. Nor does
+        a store whose keys pack faster than a kept pickle would pay back
+        (small states: see _KEEP_FROM_PACK_SECONDS)."""
         share = self.whole_from
         if share is None or not may_be_whole or live_keys == 0:
+            return False
+        if self._pack_cost is not None and self._pack_cost < _KEEP_FROM_PACK_SECONDS:
             return False
         return share / 2 * live_keys <= touched <= _KEEP_UP_TO * live_keys
 
