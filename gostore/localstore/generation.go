@@ -197,11 +197,15 @@ func (s *Store) startGeneration(ctx context.Context, epoch int64, rows []rowbatc
 }
 
 // maybePromote makes a waiting generation the store once its epoch is
-// committed. s.mu is held.
+// committed. s.mu is held. Once it has begun it finishes whatever happens
+// to ctx: it closes both files first, and a replacement cut short by a
+// canceled context (local GC runs under the run's, which a killed run
+// cancels) would leave the store with no file open.
 func (s *Store) maybePromote(ctx context.Context) error {
 	if s.next == nil || s.file == nil || s.next.Meta().FirstEpoch > s.committed.Load() {
 		return nil
 	}
+	ctx = context.WithoutCancel(ctx)
 	wdir := WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex)
 	s.retireFiles()
 	defer s.passiveMu.Unlock()

@@ -529,3 +529,45 @@ func TestAGenerationOfOneEpochIsNotIndexed(t *testing.T) {
 	assert.Len(t, got, 50)
 	assert.Equal(t, "4", got["k07"])
 }
+
+// A run that is killed while a generation replaces the store cancels the
+// context of that replacement (local GC runs under the run's context). The
+// replacement finishes anyway, and the store still closes and lets go of
+// its lock: the next run must be able to open it, or rebuild it.
+func TestAPromotionUnderACanceledContextLeavesTheStoreClosable(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := stored(t, dir)
+	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, []rowbatch.Row{put("a", "3"), put("d", "3")}, true), nil))
+	require.NoError(t, s.Flush())
+	require.True(t, exists(filepath.Join(WorkerDir(dir, "wc", 0), nextFileName)))
+	s.committed.Store(3) // as NoteCommitted, without the writer promoting it first
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	s.mu.Lock()
+	err := s.maybePromote(canceled)
+	s.mu.Unlock()
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"a": "3", "d": "3"}, contents(t, s))
+	require.NoError(t, s.Close())
+	s, err = Open(ctx, cfg(dir), 4)
+	require.NoError(t, err, "the lock was released")
+	defer s.Close()
+	assert.Equal(t, map[string]string{"a": "3", "d": "3"}, contents(t, s))
+}
+
+// A replacement that failed for another reason (a disk error on reopen)
+// also leaves no file open: closing the store still releases its lock.
+func TestAStoreLeftWithoutAFileStillReleasesItsLock(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := stored(t, dir)
+	s.mu.Lock()
+	require.NoError(t, s.file.Close())
+	s.file = nil // what a failed maybePromote leaves
+	s.mu.Unlock()
+	require.NoError(t, s.Close())
+	s, err := Open(ctx, cfg(dir), 0)
+	require.NoError(t, err, "the lock was released")
+	require.NoError(t, s.Close())
+}

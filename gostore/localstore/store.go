@@ -767,7 +767,10 @@ func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
-		return nil
+		// Closed before, or a replacement by a new generation failed
+		// and left no file open: either way the lock goes, or no run
+		// could open or rebuild the store until this process ends.
+		return s.lock.release()
 	}
 	// A Verify on its own connection must not keep the files' closing
 	// checkpoints waiting for its reads.
