@@ -71,7 +71,7 @@ typedef struct {
 // Packs a store's touched keys into one malloc'd rowbatch buffer
 // (snapshot.c); NULL with an exception set on failure.
 char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObject *protocol, mp_carry *carry,
-                       size_t *out_len);
+                       PyObject *whole_steps, size_t *out_len);
 
 // CALL_GO runs a call into Go with the GIL released and returns the Go
 // error as a Python exception. It declares kind and msg, which the call

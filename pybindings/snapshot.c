@@ -77,9 +77,12 @@ static PyObject *kept_of(mp_carry *carry, PyObject *step) {
 // length. Any error propagates as is (NULL); the caller redoes the work in
 // Python to name the step and key. With carry (else NULL), each key packed
 // is kept there, and a key carry->touched leaves out (when set) is copied
-// from there if it is kept.
+// from there if it is kept. A step in whole_steps (a set, or NULL) packs
+// every live key instead of its touched ones, in the live dict's order,
+// each object taken as the dict is walked (no lookup); it must have no
+// deletions pending.
 char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObject *protocol, mp_carry *carry,
-                       size_t *out_len) {
+                       PyObject *whole_steps, size_t *out_len) {
     Py_ssize_t count = 0, pos = 0;
     PyObject *step, *keys;
     while (PyDict_Next(dirty, &pos, &step, &keys)) {
@@ -87,7 +90,18 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
             PyErr_SetString(PyExc_TypeError, "pack_snapshot: dirty values must be dicts of touched keys");
             return NULL;
         }
-        count += PyDict_GET_SIZE(keys);
+        int from_live = whole_steps ? PySet_Contains(whole_steps, step) : 0;
+        if (from_live < 0) return NULL;
+        if (from_live) {
+            PyObject *objs = PyDict_GetItemWithError(live, step);
+            if (objs == NULL || !PyDict_Check(objs)) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "pack_snapshot: step without live objects");
+                return NULL;
+            }
+            count += PyDict_GET_SIZE(objs);
+        } else {
+            count += PyDict_GET_SIZE(keys);
+        }
     }
     mp_buf b = {0};
     // A state's pickle is written here first (pickle.c), then copied
@@ -105,7 +119,9 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
     if (snapshot_name == NULL) goto fail;
     pos = 0;
     while (PyDict_Next(dirty, &pos, &step, &keys)) {
-        if (PyDict_GET_SIZE(keys) == 0) continue;
+        int from_live = whole_steps ? PySet_Contains(whole_steps, step) : 0;
+        if (from_live < 0) goto fail;
+        if (!from_live && PyDict_GET_SIZE(keys) == 0) continue;
         Py_ssize_t sl;
         const char *s = PyUnicode_AsUTF8AndSize(step, &sl);
         if (s == NULL) goto fail;
@@ -114,7 +130,10 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "pack_snapshot: step without live objects");
             goto fail;
         }
-        Py_ssize_t kpos = 0, touched = PyDict_GET_SIZE(keys);
+        // The keys packed: the touched ones, or every live one.
+        PyObject *walked = from_live ? objs : keys;
+        if (PyDict_GET_SIZE(walked) == 0) continue;
+        Py_ssize_t kpos = 0, touched = PyDict_GET_SIZE(walked);
         int misses = 0;
         PyObject *kept = NULL, *touched_keys = NULL;
         int topped_up = 0;
@@ -126,17 +145,17 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
                 if (touched_keys == NULL && PyErr_Occurred()) goto fail;
             }
         }
-        PyObject *key, *unused;
-        while (PyDict_Next(keys, &kpos, &key, &unused)) {
+        PyObject *key, *value;
+        while (PyDict_Next(walked, &kpos, &key, &value)) {
             // .snapshot() is user code: if it touched the store, the walk
             // over the touched keys is no longer sound.
-            if (PyDict_GET_SIZE(keys) != touched) {
+            if (PyDict_GET_SIZE(walked) != touched) {
                 PyErr_SetString(PyExc_RuntimeError, "state store changed during snapshot (a .snapshot() method touched it)");
                 goto fail;
             }
             Py_ssize_t kl;
             const char *k = PyUnicode_AsUTF8AndSize(key, &kl);
-            PyObject *obj = k ? PyDict_GetItemWithError(objs, key) : NULL;
+            PyObject *obj = k == NULL ? NULL : from_live ? value : PyDict_GetItemWithError(objs, key);
             if (k == NULL || (obj == NULL && PyErr_Occurred()) || put_bytes(&b, s, (size_t)sl) < 0 ||
                 put_bytes(&b, k, (size_t)kl) < 0) {
                 goto fail;

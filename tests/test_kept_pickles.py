@@ -175,6 +175,34 @@ def test_a_key_whose_new_pickle_does_not_fit_is_packed_again_not_copied(tmp_path
         assert [stored(s, f"k{i}") for i in range(3)] == ["large" * 40, 101, 102]
 
 
+def test_a_whole_epoch_writes_every_live_key_and_the_deletions_of_each_step(tmp_path):
+    with seeded(tmp_path, 10) as s:
+        s.register("other", Counted)
+        for i in range(4):
+            s.get_or_build("other", f"o{i}").value = i
+        s.snapshot(2)
+        s.discard(STEP, "k9")  # this step has a deletion pending, "other" has none
+        touch(s, *(f"k{i}" for i in range(6)))
+        s.get("other", "o0").value = "o0 changed"
+        s.get("other", "o1").value = "o1 changed"
+        s.get("other", "o2").value = "o2 changed"
+        assert s.snapshot(3) == 14
+        assert s.last_snapshot_whole
+    with open_store(tmp_path) as s:
+        s.register("other", Counted)
+        assert {k: s.get(STEP, k).value for k in s.keys(STEP)} == {f"k{i}": i + 100 * (i < 6) for i in range(9)}
+        assert {k: s.get("other", k).value for k in s.keys("other")} == {
+            "o0": "o0 changed", "o1": "o1 changed", "o2": "o2 changed", "o3": 3}
+
+
+def test_an_untouched_key_that_cannot_be_packed_in_a_whole_epoch_is_named(tmp_path):
+    with seeded(tmp_path, 10) as s:
+        s.peek(STEP, "k7").value = lambda: None  # changed without a touch, and not kept
+        touch(s, *(f"k{i}" for i in range(6)))
+        with pytest.raises(SnapshotError, match="'k7'"):
+            s.snapshot(2)
+
+
 # Operations on a few keys: set a new object, change a live one (both
 # touch the key), discard, snapshot.
 _keys = st.sampled_from([f"k{i}" for i in range(6)])
