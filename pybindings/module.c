@@ -97,17 +97,16 @@ static PyMethodDef methods[] = {
     {"store_close", py_store_close, METH_VARARGS,
      "store_close(handle) -> None\n\nClose a store handle (a store a run owns stays open). Closing twice is fine."},
     {"store_snapshot", py_store_snapshot, METH_VARARGS,
-     "store_snapshot(handle, epoch, dirty, live, dumps, protocol, whole, packed=None, touched=None, budget=0, held=0,\n"
-     "               whole_steps=None)\n"
-     "    -> (rows, pack_seconds, write_seconds, reused, held)\n\n"
+     "store_snapshot(handle, epoch, dirty, live, dumps, protocol, whole, packed=None, topped_up=False, budget=0,\n"
+     "               held=0, deleted=None) -> (rows, pack_seconds, write_seconds, reused, held)\n\n"
      "Pack every touched key (dirty: {step: {key: None}}; live: {step: {key: obj}}) into one buffer, calling\n"
      "obj.snapshot() and dumps(state, protocol), and hand it to the core, which writes it at epoch (through the\n"
-     "run that owns the store, if any). A touched key that is not live is a deletion. On any error in packing,\n"
-     "nothing is written and the error propagates. With packed ({step: {key: bytes}}), each key packed has its\n"
-     "pickle kept there while the kept bytes (counted with 64 bytes of overhead each, held so far) stay within\n"
-     "budget, and, when touched (the keys the epoch itself touched) is given, a key of dirty not in it is written\n"
-     "from its kept pickle if it has one (reused counts them). A step in whole_steps (a set) writes every live key\n"
-     "of it, in live order, instead of its touched keys; it must have no deletions pending."},
+     "run that owns the store, if any). A touched key that is not live is a deletion. With deleted ({step: set}),\n"
+     "the batch is every live key of each step of dirty, in live order, then a deletion for each key of\n"
+     "deleted[step]. On any error in packing, nothing is written and the error propagates. With packed\n"
+     "({step: {key: bytes}}), each key packed has its pickle kept there while the kept bytes (counted with 64\n"
+     "bytes of overhead each, held so far) stay within budget, and with topped_up a live key dirty does not hold\n"
+     "is written from its kept pickle if it has one (reused counts them)."},
     {"store_get", py_store_get, METH_VARARGS,
      "store_get(handle, step_id, key) -> None | (epoch, bytes | None)\n\nThe newest row of a key (None for a deletion)."},
     {"store_hydrate_keys", py_store_hydrate_keys, METH_VARARGS,

@@ -63,15 +63,15 @@ int mp_fast_pickle(PyObject *obj, int proto, mp_buf *out);
 // again.
 typedef struct {
     PyObject *packed;   // {step: {key: bytes}}: the last pickle of keys not touched since
-    PyObject *touched;  // {step: {key: None}}: what the epoch touched when topped up, else NULL
+    int topped_up;      // the batch is whole and dirty holds only what the epoch touched
     Py_ssize_t budget;  // bytes packed may hold (pickles and their overhead)
     Py_ssize_t held;    // in and out: bytes it holds
     Py_ssize_t reused;  // out: rows copied from it
 } mp_carry;
 // Packs a store's touched keys into one malloc'd rowbatch buffer
 // (snapshot.c); NULL with an exception set on failure.
-char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObject *protocol, mp_carry *carry,
-                       PyObject *whole_steps, size_t *out_len);
+char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObject *dumps, PyObject *protocol,
+                       mp_carry *carry, size_t *out_len);
 
 // CALL_GO runs a call into Go with the GIL released and returns the Go
 // error as a Python exception. It declares kind and msg, which the call

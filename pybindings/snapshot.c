@@ -42,15 +42,16 @@ enum { GIVE_UP_AFTER = 8 };
 // its dict entry, about.
 enum { KEPT_OVERHEAD = 64 };
 
-// Keeps pickled as key's last pickle in kept (a step's dict of them)
-// while carry's budget allows; otherwise forgets the one it kept, which
-// no longer is the key's state. -1 with an exception set on error.
+// Keeps pickled (NULL: nothing) as key's last pickle in kept (a step's
+// dict of them) while carry's budget allows; otherwise forgets the one it
+// kept, which no longer is the key's state. -1 with an exception set on
+// error.
 static int keep(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *pickled) {
     PyObject *old = PyDict_GetItemWithError(kept, key);
     if (old == NULL && PyErr_Occurred()) return -1;
     Py_ssize_t was = old ? PyBytes_GET_SIZE(old) + KEPT_OVERHEAD : 0;
-    Py_ssize_t now = PyBytes_GET_SIZE(pickled) + KEPT_OVERHEAD;
-    if (carry->held - was + now <= carry->budget) {
+    Py_ssize_t now = pickled ? PyBytes_GET_SIZE(pickled) + KEPT_OVERHEAD : 0;
+    if (pickled != NULL && carry->held - was + now <= carry->budget) {
         if (PyDict_SetItem(kept, key, pickled) < 0) return -1;
         carry->held += now - was;
         return 0;
@@ -71,18 +72,26 @@ static PyObject *kept_of(mp_carry *carry, PyObject *step) {
     return rc < 0 ? NULL : kept;
 }
 
+// Appends a deletion's value marker, and forgets what was kept of key.
+static int put_deletion(mp_buf *b, mp_carry *carry, PyObject *kept, PyObject *key) {
+    if (mp_buf_grow(b, 1) < 0) return -1;
+    put_varint(b, 0);
+    return kept != NULL ? keep(carry, kept, key, NULL) : 0;
+}
+
 // mp_pack_snapshot(dirty: dict[str, dict[str, None]], live: dict[str,
-// dict[str, obj]], dumps, protocol) packs every touched key (a deletion
-// for a touched key that is not live) and returns the buffer and its
-// length. Any error propagates as is (NULL); the caller redoes the work in
-// Python to name the step and key. With carry (else NULL), each key packed
-// is kept there, and a key carry->touched leaves out (when set) is copied
-// from there if it is kept. A step in whole_steps (a set, or NULL) packs
-// every live key instead of its touched ones, in the live dict's order,
-// each object taken as the dict is walked (no lookup); it must have no
-// deletions pending.
-char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObject *protocol, mp_carry *carry,
-                       PyObject *whole_steps, size_t *out_len) {
+// dict[str, obj]], deleted, dumps, protocol) packs every touched key (a
+// deletion for a touched key that is not live) and returns the buffer and
+// its length. With deleted ({step: set of keys}, else NULL) the batch is
+// the whole state instead: every live key of each step of dirty, in the
+// live dict's order, each object taken as the dict is walked (no lookup),
+// then a deletion for each key in deleted[step]. Any error propagates as
+// is (NULL); the caller redoes the work in Python to name the step and
+// key. With carry (else NULL), each key packed is kept there, and when
+// carry->topped_up a live key that dirty does not hold (the epoch did not
+// touch it) is copied from there if it is kept.
+char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObject *dumps, PyObject *protocol,
+                       mp_carry *carry, size_t *out_len) {
     Py_ssize_t count = 0, pos = 0;
     PyObject *step, *keys;
     while (PyDict_Next(dirty, &pos, &step, &keys)) {
@@ -90,18 +99,17 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
             PyErr_SetString(PyExc_TypeError, "pack_snapshot: dirty values must be dicts of touched keys");
             return NULL;
         }
-        int from_live = whole_steps ? PySet_Contains(whole_steps, step) : 0;
-        if (from_live < 0) return NULL;
-        if (from_live) {
-            PyObject *objs = PyDict_GetItemWithError(live, step);
-            if (objs == NULL || !PyDict_Check(objs)) {
-                if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "pack_snapshot: step without live objects");
-                return NULL;
-            }
-            count += PyDict_GET_SIZE(objs);
-        } else {
+        if (deleted == NULL) {
             count += PyDict_GET_SIZE(keys);
+            continue;
         }
+        PyObject *objs = PyDict_GetItemWithError(live, step);
+        PyObject *gone = PyDict_GetItemWithError(deleted, step);
+        if (objs == NULL || !PyDict_Check(objs) || (gone != NULL && !PyAnySet_Check(gone))) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_KeyError, "pack_snapshot: step without live objects");
+            return NULL;
+        }
+        count += PyDict_GET_SIZE(objs) + (gone ? PySet_GET_SIZE(gone) : 0);
     }
     mp_buf b = {0};
     // A state's pickle is written here first (pickle.c), then copied
@@ -119,8 +127,7 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
     if (snapshot_name == NULL) goto fail;
     pos = 0;
     while (PyDict_Next(dirty, &pos, &step, &keys)) {
-        int from_live = whole_steps ? PySet_Contains(whole_steps, step) : 0;
-        if (from_live < 0) goto fail;
+        int from_live = deleted != NULL;
         if (!from_live && PyDict_GET_SIZE(keys) == 0) continue;
         Py_ssize_t sl;
         const char *s = PyUnicode_AsUTF8AndSize(step, &sl);
@@ -132,19 +139,11 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
         }
         // The keys packed: the touched ones, or every live one.
         PyObject *walked = from_live ? objs : keys;
-        if (PyDict_GET_SIZE(walked) == 0) continue;
         Py_ssize_t kpos = 0, touched = PyDict_GET_SIZE(walked);
         int misses = 0;
-        PyObject *kept = NULL, *touched_keys = NULL;
-        int topped_up = 0;
-        if (carry != NULL) {
-            if ((kept = kept_of(carry, step)) == NULL) goto fail;
-            if (carry->touched != NULL) {
-                topped_up = 1;
-                touched_keys = PyDict_GetItemWithError(carry->touched, step);
-                if (touched_keys == NULL && PyErr_Occurred()) goto fail;
-            }
-        }
+        PyObject *kept = NULL;
+        if (carry != NULL && (kept = kept_of(carry, step)) == NULL) goto fail;
+        int topped_up = from_live && carry != NULL && carry->topped_up;
         PyObject *key, *value;
         while (PyDict_Next(walked, &kpos, &key, &value)) {
             // .snapshot() is user code: if it touched the store, the walk
@@ -161,22 +160,13 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
                 goto fail;
             }
             if (obj == NULL) {  // discarded: a deletion
-                if (mp_buf_grow(&b, 1) < 0) goto fail;
-                put_varint(&b, 0);
-                if (kept != NULL) {
-                    PyObject *was = PyDict_GetItemWithError(kept, key);
-                    if (was == NULL && PyErr_Occurred()) goto fail;
-                    if (was != NULL) {
-                        carry->held -= PyBytes_GET_SIZE(was) + KEPT_OVERHEAD;
-                        if (PyDict_DelItem(kept, key) < 0) goto fail;
-                    }
-                }
+                if (put_deletion(&b, carry, kept, key) < 0) goto fail;
                 continue;
             }
             if (topped_up) {
                 // A key the epoch did not touch still packs to what it
                 // packed to last time: copy that if it was kept.
-                int in = touched_keys ? PyDict_Contains(touched_keys, key) : 0;
+                int in = PyDict_Contains(keys, key);
                 if (in < 0) goto fail;
                 PyObject *last = in ? NULL : PyDict_GetItemWithError(kept, key);
                 if (last != NULL) {
@@ -215,6 +205,26 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *dumps, PyObjec
             Py_DECREF(pickled);
             if (rc < 0) goto fail;
         }
+        // A whole batch's deletions follow its live keys.
+        PyObject *gone = from_live ? PyDict_GetItemWithError(deleted, step) : NULL;
+        if (gone == NULL && PyErr_Occurred()) goto fail;
+        PyObject *it = gone ? PyObject_GetIter(gone) : NULL;
+        if (gone != NULL && it == NULL) goto fail;
+        while (it != NULL && (key = PyIter_Next(it)) != NULL) {
+            Py_ssize_t kl;
+            const char *k = PyUnicode_AsUTF8AndSize(key, &kl);
+            int rc = k == NULL || put_bytes(&b, s, (size_t)sl) < 0 || put_bytes(&b, k, (size_t)kl) < 0 ||
+                             put_deletion(&b, carry, kept, key) < 0
+                         ? -1
+                         : 0;
+            Py_DECREF(key);
+            if (rc < 0) {
+                Py_DECREF(it);
+                goto fail;
+            }
+        }
+        Py_XDECREF(it);
+        if (PyErr_Occurred()) goto fail;
     }
     Py_DECREF(snapshot_name);
     free(scratch.p);

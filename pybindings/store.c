@@ -31,26 +31,21 @@ MP_METHOD(store_close) { return mp_call_handle(args, mp_store_close); }
 MP_METHOD(store_snapshot) {
     unsigned long long h;
     long long epoch;
-    PyObject *dirty, *live, *dumps, *protocol, *packed = Py_None, *touched = Py_None, *whole_steps = Py_None;
+    PyObject *dirty, *live, *dumps, *protocol, *packed = Py_None, *deleted = Py_None;
     int whole = 0;
     mp_carry carry = {0};
-    if (!PyArg_ParseTuple(args, "KLO!O!OOp|OOnnO", &h, &epoch, &PyDict_Type, &dirty, &PyDict_Type, &live, &dumps,
-                          &protocol, &whole, &packed, &touched, &carry.budget, &carry.held, &whole_steps))
+    if (!PyArg_ParseTuple(args, "KLO!O!OOp|OpnnO", &h, &epoch, &PyDict_Type, &dirty, &PyDict_Type, &live, &dumps,
+                          &protocol, &whole, &packed, &carry.topped_up, &carry.budget, &carry.held, &deleted))
         return NULL;
-    if ((packed != Py_None && !PyDict_CheckExact(packed)) || (touched != Py_None && !PyDict_Check(touched))) {
-        PyErr_SetString(PyExc_TypeError, "store_snapshot: packed and touched must be dicts or None");
-        return NULL;
-    }
-    if (whole_steps != Py_None && !PyAnySet_Check(whole_steps)) {
-        PyErr_SetString(PyExc_TypeError, "store_snapshot: whole_steps must be a set or None");
+    if ((packed != Py_None && !PyDict_CheckExact(packed)) || (deleted != Py_None && !PyDict_Check(deleted))) {
+        PyErr_SetString(PyExc_TypeError, "store_snapshot: packed and deleted must be dicts or None");
         return NULL;
     }
     carry.packed = packed;
-    carry.touched = touched == Py_None ? NULL : touched;
     double t0 = now_seconds();
     size_t len = 0;
-    char *buf = mp_pack_snapshot(dirty, live, dumps, protocol, packed == Py_None ? NULL : &carry,
-                                 whole_steps == Py_None ? NULL : whole_steps, &len);
+    char *buf = mp_pack_snapshot(dirty, live, deleted == Py_None ? NULL : deleted, dumps, protocol,
+                                 packed == Py_None ? NULL : &carry, &len);
     if (buf == NULL) return NULL;
     double t1 = now_seconds();
     long long written = 0;

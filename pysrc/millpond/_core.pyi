@@ -6,7 +6,7 @@ raises the "closed" error kind. Errors are raised as the exception class
 registered for their kind (set_error_types, done by millpond._corebridge).
 """
 
-from typing import AbstractSet, Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 ERROR_KINDS: tuple[str, ...]
 SNAPSHOT_MODES: tuple[str, ...]
@@ -24,8 +24,8 @@ def store_close(handle: int, /) -> None: ...
 def store_snapshot(
     handle: int, epoch: int, dirty: dict[str, dict[str, None]], live: dict[str, dict[str, Any]],
     dumps: Callable[[Any, int], bytes], protocol: int, whole: bool,
-    packed: Optional[dict[str, dict[str, bytes]]] = None, touched: Optional[dict[str, dict[str, None]]] = None,
-    budget: int = 0, held: int = 0, whole_steps: Optional[AbstractSet[str]] = None, /,
+    packed: Optional[dict[str, dict[str, bytes]]] = None, topped_up: bool = False,
+    budget: int = 0, held: int = 0, deleted: Optional[dict[str, set[str]]] = None, /,
 ) -> tuple[int, float, float, int, int]: ...
 def store_get(handle: int, step_id: str, key: str, /) -> Optional[tuple[int, Optional[bytes]]]: ...
 def store_hydrate_keys(

@@ -335,21 +335,17 @@ class RunCollector(Collector):
         yield counter("millpond_upload_seconds", "Seconds spent uploading segments.", m["upload_seconds"])
         yield counter("millpond_snapshot_bytes", "Bytes of the snapshot segments this process cut, "
                       "before compression.", m["segment_raw_bytes"])
-        snap_rows = _counter("millpond_snapshot_rows", "Rows (writes and deletions) this worker's snapshots "
-                             "wrote.", ["flow", "worker"])
-        for w in workers:
-            n = getattr(w.store, "snapshot_rows", None)
-            if isinstance(n, int):
-                snap_rows.add_metric([self.flow_id, str(w.index)], n)
-        yield snap_rows
-        copied = _counter("millpond_snapshot_rows_copied", "Rows of this worker's whole-state snapshots copied "
-                          "from the keys' last pickles (untouched since) instead of packed again.",
-                          ["flow", "worker"])
-        for w in workers:
-            n = getattr(w.store, "snapshot_rows_copied", None)
-            if isinstance(n, int):
-                copied.add_metric([self.flow_id, str(w.index)], n)
-        yield copied
+        for name, attr, doc in (
+            ("millpond_snapshot_rows", "snapshot_rows", "Rows (writes and deletions) this worker's snapshots wrote."),
+            ("millpond_snapshot_rows_copied", "snapshot_rows_copied", "Rows of this worker's whole-state "
+             "snapshots copied from the keys' last pickles (untouched since) instead of packed again."),
+        ):
+            per_worker = _counter(name, doc, ["flow", "worker"])
+            for w in workers:
+                n = getattr(w.store, attr, None)
+                if isinstance(n, int):
+                    per_worker.add_metric([self.flow_id, str(w.index)], n)
+            yield per_worker
         yield counter("millpond_compactions", "Compactions of the durable store.", m["compactions"])
         yield counter("millpond_local_write_seconds", "Seconds the local stores spent writing snapshots "
                       "(in the background).", m["local_write_seconds"])

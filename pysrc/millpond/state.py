@@ -40,7 +40,7 @@ import pickle
 from dataclasses import dataclass
 from datetime import timezone
 from pathlib import Path
-from typing import AbstractSet, Any, Callable, Iterable, Iterator, NoReturn, Optional, Protocol, Union, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional, Protocol, Union, runtime_checkable
 
 from millpond.errors import RecoveryError, SnapshotError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
@@ -385,15 +385,15 @@ class _LiveState:
 
     # -- snapshots ----------------------------------------------------------
 
-    def _raise_snapshot_error(self, cause: BaseException, whole_steps: Optional[AbstractSet[str]] = None) -> NoReturn:
+    def _raise_snapshot_error(self, cause: BaseException, whole: bool = False) -> NoReturn:
         """Raise :class:`SnapshotError` for a snapshot whose packing failed
         (nothing was written): naming the step and key whose ``.snapshot()``
         or pickling fails when the keys packed (the touched ones; every live
-        one of a step in ``whole_steps``) are tried one by one, or with
+        one when the batch was ``whole``) are tried one by one, or with
         ``cause`` itself when none does."""
         for step_id, touched in self._dirty.items():
             live = self._live[step_id]
-            for key in list(live if whole_steps and step_id in whole_steps else touched):
+            for key in list(live if whole else touched):
                 obj = live.get(key, _MISSING)
                 if obj is _MISSING:
                     continue
@@ -804,19 +804,16 @@ class StateStore(_LiveState):
         touched: dict[str, dict[str, None]],
         whole: bool = False,
         keep: bool = False,
-        own: Optional[dict[str, dict[str, None]]] = None,
-        whole_steps: Optional[AbstractSet[str]] = None,
+        topped_up: bool = False,
     ) -> tuple[int, float, float]:
         """Write ``touched`` (keys per step; a key not live is a deletion)
         at ``epoch`` in one call; return the rows written and the seconds
-        spent packing and handing them to the core. A step in
-        ``whole_steps`` writes every live key instead (it has no deletions
-        pending).
+        spent packing and handing them to the core. A ``whole`` batch is
+        every live key instead, in live order, and the pending deletions.
 
         With ``keep``, every key packed has its pickle kept in
-        ``self._packed``, and a key ``own`` (what the epoch itself touched,
-        when the batch is topped up to the whole state) leaves out is
-        written from there if it was kept.
+        ``self._packed``, and when the whole batch is ``topped_up`` a live
+        key ``touched`` does not hold is written from there if it was kept.
 
         Each pickle.dumps allocates a pickler the cyclic collector tracks,
         so a large write would set off collections that walk the whole
@@ -828,16 +825,11 @@ class StateStore(_LiveState):
         collecting = _pygc.isenabled()
         _pygc.disable()
         try:
-            if keep:
-                written, pack_s, write_s, reused, self._packed_bytes = _core.store_snapshot(
-                    handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, whole,
-                    self._packed, own, KEEP_PICKLES_BYTES, self._packed_bytes, whole_steps,
-                )
-            else:
-                written, pack_s, write_s, reused, _ = _core.store_snapshot(
-                    handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, whole,
-                    None, None, 0, 0, whole_steps,
-                )
+            written, pack_s, write_s, reused, held = _core.store_snapshot(
+                handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, whole,
+                self._packed if keep else None, topped_up, KEEP_PICKLES_BYTES, self._packed_bytes,
+                self._deleted if whole else None,
+            )
         except BaseException as exc:
             # Which kept pickles the failed call replaced is not known.
             self._forget_packed()
@@ -845,10 +837,12 @@ class StateStore(_LiveState):
                 raise
             # Packing failed in user code (.snapshot() or pickling) and
             # nothing was written: find the step and key to name.
-            self._raise_snapshot_error(exc, whole_steps)
+            self._raise_snapshot_error(exc, whole)
         finally:
             if collecting:
                 _pygc.enable()
+        if keep:
+            self._packed_bytes = held
         self.last_snapshot_reused = reused
         return int(written), pack_s, write_s
 
@@ -888,10 +882,8 @@ class StateStore(_LiveState):
         keep = self._keeps_pickles(may_be_whole, live_keys, touched)
         if not keep and self._packed:
             self._forget_packed()
-        whole, own, whole_steps = (
-            self._make_whole(self.whole_from, live_keys, touched) if may_be_whole else (False, None, None)
-        )
-        written, pack_s, write_s = self._write(epoch, self._dirty, whole, keep, own, whole_steps)
+        whole = may_be_whole and self._is_whole(live_keys, touched)
+        written, pack_s, write_s = self._write(epoch, self._dirty, whole, keep, topped_up=touched < live_keys)
         self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
         self.snapshot_rows += written
@@ -932,42 +924,22 @@ class StateStore(_LiveState):
             return False
         return share / 2 * live_keys <= touched <= _KEEP_UP_TO * live_keys
 
-    def _make_whole(
-        self, share: Optional[float], live_keys: int, touched: int
-    ) -> tuple[bool, Optional[dict[str, dict[str, None]]], Optional[AbstractSet[str]]]:
+    def _is_whole(self, live_keys: int, touched: int) -> bool:
         """Whether this snapshot is the whole state (:meth:`_may_be_whole`
-        holds), topping it up to be; when it topped up, the keys the epoch
-        touched itself; and when it is whole, the steps whose batch is
-        every live key, taken from the live dict as it is (those without
-        deletions: the others get the live keys and their deletions as
-        their touched keys).
+        holds), topped up to be when it is not already.
 
         It is whole when every live key is touched (discarded keys are the
-        only touched keys not live). With ``share`` set, touching at least
-        that share of the live keys is enough: the rest are touched too,
-        since writing them costs less than compacting what the batch
+        only touched keys not live). With :attr:`whole_from` set, touching at
+        least that share of the live keys is enough: the rest are written
+        too, since writing them costs less than compacting what the batch
         already rewrote. A whole batch visits the objects in the order they
-        were made: in the order an epoch first touched them, a snapshot that
-        visits most of them misses the cache on nearly every one (three to
-        five times slower). ``live_keys`` and ``touched`` count the live
-        keys and the touched keys that are live.
+        were made (the live dict's): in the order an epoch first touched
+        them, a snapshot that visits most of them misses the cache on nearly
+        every one (three to five times slower). ``live_keys`` and
+        ``touched`` count the live keys and the touched keys that are live.
         """
-        if touched < live_keys and (share is None or touched < share * live_keys):
-            return False, None, None
-        own = dict(self._dirty) if touched < live_keys else None
-        whole_steps: set[str] = set()
-        for step_id, live in self._live.items():
-            deleted = self._deleted[step_id]
-            if not deleted:
-                # Walking the live dict itself spares a copy of its keys
-                # and a lookup of each object (about 120 ns a row).
-                whole_steps.add(step_id)
-                self._dirty.setdefault(step_id, {})
-                continue
-            ordered = dict.fromkeys(live)
-            ordered.update(dict.fromkeys(deleted))
-            self._dirty[step_id] = ordered
-        return True, own, whole_steps
+        share = self.whole_from
+        return touched >= live_keys or (share is not None and touched >= share * live_keys)
 
     def hydrate_all(self, step_id: str, chunk_rows: int = 8192) -> int:
         """Build live objects for every stored key of ``step_id``; return how many.
