@@ -62,8 +62,10 @@ func newMesh(s *settings) *Mesh {
 // watchdog.
 func (m *Mesh) begin() error {
 	m.deadline = time.Now().Add(m.s.StartTimeout)
+	var lis net.Listener
 	if m.n > 1 {
-		lis, err := net.Listen("tcp", m.s.listen)
+		var err error
+		lis, err = net.Listen("tcp", m.s.listen)
 		if err != nil {
 			m.cancel()
 			close(m.finished)
@@ -71,20 +73,28 @@ func (m *Mesh) begin() error {
 		}
 		m.srv = grpc.NewServer(m.serverOptions()...)
 		m.srv.RegisterService(serviceDesc(), m)
-		m.wg.Add(1)
+	}
+	// Every goroutine is counted before the first starts: a dialer that
+	// fails at once (a peer that fails authentication) tears the mesh
+	// down, which waits for them all, and an Add once that Wait has begun
+	// is a race.
+	remote := m.remote()
+	count := 1 + len(remote) // the self loop and a dialer per peer
+	if m.n > 1 {
+		count += 2 // the server and the watchdog
+	}
+	m.wg.Add(count)
+	if m.n > 1 {
 		go func() {
 			defer m.wg.Done()
 			_ = m.srv.Serve(lis)
 		}()
 	}
-	m.wg.Add(1)
 	go m.peers[m.index].selfLoop()
-	for _, p := range m.remote() {
-		m.wg.Add(1)
+	for _, p := range remote {
 		go m.dialLoop(p)
 	}
 	if m.n > 1 {
-		m.wg.Add(1)
 		go m.watch()
 	}
 	return nil
