@@ -238,6 +238,27 @@ def test_live_key_limit_counters_move(tmp_path):
     assert value(samples, "millpond_local_store_bytes", **w) > 0
 
 
+def test_byte_budget_gauges(tmp_path):
+    """With --max-live-bytes, the budget, the estimated live bytes (within
+    it) and the key limit it works out to show."""
+    stop = threading.Event()
+    flow = metricsflows.get_flow(total=10**6, delay=0.002, stop=stop, out=[])
+    run = RunInThread(flow, epoch_interval=timedelta(seconds=0.1),
+                      recovery_config=RecoveryConfig(tmp_path / "state"), metrics_port=0, max_live_bytes=900)
+    try:
+        url = run.url()
+        w = {"flow": "metrics_flow", "worker": "0"}
+        wait_for(lambda: total(scrape(url)[0], "millpond_evicted_keys_total", **w) >= 3)
+        samples, types = scrape(url)
+    finally:
+        stop.set()
+        run.join()
+    assert types["millpond_live_bytes"] == "gauge"
+    assert value(samples, "millpond_live_bytes_limit", **w) == 900
+    assert 0 < value(samples, "millpond_live_bytes", **w) <= 900
+    assert value(samples, "millpond_live_keys_limit", **w) >= 1
+
+
 def test_resume_kind_after_a_restart(tmp_path):
     state = RecoveryConfig(tmp_path / "state")
     run_main(metricsflows.get_flow(total=20, delay=0), epoch_interval=timedelta(0), recovery_config=state)

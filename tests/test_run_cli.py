@@ -48,7 +48,7 @@ def engine(monkeypatch):
     calls = _Calls()
 
     def cluster_main(flow, addresses, proc_id, *, epoch_interval=None, recovery_config=None, worker_count_per_proc=1,
-                     max_live_keys=None, metrics_port=None, metrics_address="127.0.0.1"):
+                     max_live_keys=None, metrics_port=None, metrics_address="127.0.0.1", max_live_bytes=None):
         calls.cluster.append(
             dict(
                 flow=flow,
@@ -58,6 +58,7 @@ def engine(monkeypatch):
                 recovery_config=recovery_config,
                 worker_count_per_proc=worker_count_per_proc,
                 max_live_keys=max_live_keys,
+                max_live_bytes=max_live_bytes,
                 metrics_port=metrics_port,
                 metrics_address=metrics_address,
             )
@@ -294,6 +295,17 @@ def test_flags_override_env_vars(engine, flows_pkg, monkeypatch):
     monkeypatch.setenv("MILLPOND_WORKERS_PER_PROCESS", "4")
     assert run.main(["-w", "2", f"{flows_pkg}.wc"]) == 0
     assert engine.cluster[0]["worker_count_per_proc"] == 2
+
+
+def test_the_byte_budget_reaches_cluster_main_from_the_flag_or_the_variable(engine, flows_pkg, monkeypatch, capsys):
+    monkeypatch.setenv("MILLPOND_MAX_LIVE_BYTES", "2GB")
+    assert run.main([f"{flows_pkg}.wc"]) == 0
+    assert run.main(["--max-live-bytes", "512MiB", f"{flows_pkg}.wc"]) == 0
+    assert [c["max_live_bytes"] for c in engine.cluster] == [2_000_000_000, 512 << 20]
+    with pytest.raises(SystemExit) as stop:
+        run.main(["--max-live-bytes", "12XB", f"{flows_pkg}.wc"])
+    assert stop.value.code == 2
+    assert "--max-live-bytes: expected a size such as 1500000, 512MiB or 2GB, got '12XB'" in capsys.readouterr().err
 
 
 def test_local_state_dir_turns_recovery_on_with_defaults(engine, flows_pkg, tmp_path):

@@ -235,7 +235,11 @@ class RunCollector(Collector):
             "the hand-off to recovery, with any wait on back-pressure.", labels=["flow", "worker"])
         live = _gauge("millpond_live_keys", "Keyed state objects of stateful steps in memory on this worker "
                       "(what --max-live-keys bounds).", ["flow", "worker"])
-        limit = _gauge("millpond_live_keys_limit", "This worker's --max-live-keys.", ["flow", "worker"])
+        limit = _gauge("millpond_live_keys_limit", "This worker's live-key limit: --max-live-keys, or what "
+                       "--max-live-bytes allows at its latest estimate, whichever is smaller.", ["flow", "worker"])
+        budget = _gauge("millpond_live_bytes_limit", "This worker's --max-live-bytes.", ["flow", "worker"])
+        estimate = _gauge("millpond_live_bytes", "Estimated bytes of this worker's live keyed state (with "
+                          "--max-live-bytes: a sample of the keys' sizes times the live keys).", ["flow", "worker"])
         evicted = _counter("millpond_evicted_keys", "Keyed state objects evicted to the local store.",
                            ["flow", "worker"])
         hydrated = _counter("millpond_hydrated_keys", "Evicted keyed state objects read back from the local store.",
@@ -277,6 +281,12 @@ class RunCollector(Collector):
                     evicted.add_metric([flow, wl], stats.evicted)
                     hydrated.add_metric([flow, wl], stats.hydrated)
                     hydrations.add_metric([flow, wl], stats.hydrate_calls)
+            max_bytes = getattr(store, "max_live_bytes", None)
+            if max_bytes is not None:
+                budget.add_metric([flow, wl], max_bytes)
+                live_bytes = getattr(store, "live_bytes_estimate", None)
+                if live_bytes is not None:
+                    estimate.add_metric([flow, wl], live_bytes)
             path = getattr(store, "path", None)
             if path is not None:
                 local_bytes.add_metric([flow, wl], dir_bytes(path.parent))
@@ -285,6 +295,10 @@ class RunCollector(Collector):
         yield from (items_in, items_out, epoch, closed, close_s, live)
         if limit.samples:
             yield from (limit, evicted, hydrated, hydrations)
+        if budget.samples:
+            yield budget
+        if estimate.samples:
+            yield estimate
         if local_bytes.samples:
             yield local_bytes
         if lag.samples:

@@ -42,8 +42,8 @@ from millpond.backup import Backup, backup_from_uri
 from millpond.backupkey import KEY_VAR, backup_key_from_env, check_key
 from millpond.errors import BackupError, CorruptObjectError, RecoveryError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
+from millpond.livelimit import check_max_live_bytes, check_max_live_keys
 from millpond.redact import redact_uri
-from millpond.state import check_max_live_keys
 
 __all__ = [
     "SnapshotMode",
@@ -115,6 +115,10 @@ class RecoveryConfig:
       when touched (``None``: no bound; see docs/recovery.md, "State larger
       than memory"). The ``max_live_keys`` keyword of ``run_main`` and
       ``cluster_main`` overrides it, and works without recovery too.
+    - ``max_live_bytes``: about how many bytes of keyed state a worker
+      keeps live, estimated from a sample of its keys (``None``: no
+      budget). With ``max_live_keys`` as well, the tighter bound wins; the
+      keyword of that name overrides it as above.
     """
 
     local_state_dir: Path
@@ -128,9 +132,11 @@ class RecoveryConfig:
     compact_min_bytes: int = 1 << 20
     backup_key: Union[bytes, str, None] = field(default=None, repr=False)
     max_live_keys: Optional[int] = None
+    max_live_bytes: Optional[int] = None
 
     def __post_init__(self) -> None:
         check_max_live_keys(self.max_live_keys)
+        check_max_live_bytes(self.max_live_bytes)
         if self.backup_key is None:
             object.__setattr__(self, "backup_key", backup_key_from_env())
         elif isinstance(self.backup_key, str):

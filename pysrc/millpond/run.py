@@ -27,6 +27,9 @@ flag                                    environment variable             meaning
 ``--snapshot-mode batch|immediate``     ``MILLPOND_SNAPSHOT_MODE``        when state is snapshotted
 ``--max-live-keys N``                   ``MILLPOND_MAX_LIVE_KEYS``        keyed state objects kept in memory per
                                                                          worker; colder ones go to disk
+``--max-live-bytes SIZE``               ``MILLPOND_MAX_LIVE_BYTES``       the same as an approximate size
+                                                                         (``512MiB``, ``2GB``), estimated
+                                                                         from a sample of the keys
 ``--tls-cert FILE``                     ``MILLPOND_TLS_CERT``             TLS between the processes of a cluster:
                                                                          this process's certificate (PEM)
 ``--tls-key FILE``                      ``MILLPOND_TLS_KEY``              the certificate's private key (PEM)
@@ -107,6 +110,7 @@ def cli_main(
     max_live_keys: Optional[int] = None,
     metrics_port: Optional[int] = None,
     metrics_address: str = "127.0.0.1",
+    max_live_bytes: Optional[int] = None,
 ) -> None:
     """Run ``flow`` in this process with the command line's settings.
 
@@ -120,7 +124,9 @@ def cli_main(
     ``tls_cert``/``tls_key`` (PEM files) turn on TLS between the processes
     of a cluster, ``tls_ca`` mutual TLS (default: ``MILLPOND_TLS_*``).
     ``max_live_keys`` bounds the keyed state objects each worker keeps in
-    memory (default: ``MILLPOND_MAX_LIVE_KEYS``, else no bound).
+    memory (default: ``MILLPOND_MAX_LIVE_KEYS``, else no bound), and
+    ``max_live_bytes`` their approximate bytes (default:
+    ``MILLPOND_MAX_LIVE_BYTES``, else no budget).
     ``metrics_port`` serves Prometheus metrics at
     ``http://METRICS_ADDRESS:PORT/metrics`` while the flow runs (0 picks a
     free port; needs ``pip install 'millpond[metrics]'``, else
@@ -157,6 +163,7 @@ def cli_main(
         recovery_config=recovery_config,
         worker_count_per_proc=workers_per_process,
         max_live_keys=max_live_keys,
+        max_live_bytes=max_live_bytes,
         metrics_port=metrics_port,
         metrics_address=metrics_address,
         **tls,
@@ -196,6 +203,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _size(text: str) -> int:
+    from millpond.livelimit import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as ex:
+        raise argparse.ArgumentTypeError(str(ex)) from None
 
 
 def _non_negative_int(text: str) -> int:
@@ -299,6 +315,7 @@ _ENV: List[Tuple[str, str, Callable[[str], Any]]] = [
     ("backup", "MILLPOND_BACKUP", _nonempty),
     ("snapshot_mode", "MILLPOND_SNAPSHOT_MODE", _snapshot_mode),
     ("max_live_keys", "MILLPOND_MAX_LIVE_KEYS", _positive_int),
+    ("max_live_bytes", "MILLPOND_MAX_LIVE_BYTES", _size),
     ("log_level", "MILLPOND_LOG_LEVEL", _log_level),
     ("tls_cert", "MILLPOND_TLS_CERT", _nonempty),
     ("tls_key", "MILLPOND_TLS_KEY", _nonempty),
@@ -318,6 +335,7 @@ _FLAGS: Dict[str, str] = {
     "backup": "-b/--backup",
     "snapshot_mode": "--snapshot-mode",
     "max_live_keys": "--max-live-keys",
+    "max_live_bytes": "--max-live-bytes",
     "log_level": "--log-level",
     "tls_cert": "--tls-cert",
     "tls_key": "--tls-key",
@@ -446,6 +464,12 @@ def _build_parser() -> _Parser:
         help="keep at most N keyed state objects in memory per worker; colder ones are evicted to the "
         "local store (a temporary directory without -d) and read back when touched (default: no limit) "
         "[env: MILLPOND_MAX_LIVE_KEYS]",
+    )
+    p.add_argument(
+        "--max-live-bytes", type=_size, default=None, metavar="SIZE",
+        help="keep about SIZE bytes of keyed state in memory per worker (e.g. 512MiB, 2GB), a key limit "
+        "worked out from a sample of the live keys and measured again as they change; with --max-live-keys "
+        "too, the tighter bound wins (default: no budget) [env: MILLPOND_MAX_LIVE_BYTES]",
     )
     p.add_argument(
         "--tls-cert", type=_nonempty, default=None, metavar="FILE",
@@ -732,6 +756,7 @@ def _main(argv: Optional[Sequence[str]], interrupts: "CoreInterrupts") -> int:
             tls_key=args.tls_key,
             tls_ca=args.tls_ca,
             max_live_keys=args.max_live_keys,
+            max_live_bytes=args.max_live_bytes,
             metrics_port=args.metrics_port,
             metrics_address=args.metrics_address or "127.0.0.1",
         )

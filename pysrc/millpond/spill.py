@@ -1,6 +1,7 @@
 """Spilling state to disk in a run without recovery.
 
-A flow run with a live-key limit (``max_live_keys``) but without recovery
+A flow run with a live-key limit or byte budget (``max_live_keys``,
+``max_live_bytes``) but without recovery
 still needs somewhere to put the state it evicts. :class:`SpillStore` is a
 :class:`~millpond.state.StateStore` in a temporary directory, removed when
 the store closes: nothing is snapshotted at epoch ends and nothing is
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
+from millpond.livelimit import LiveLimit
 from millpond.state import StateStore
 
 __all__ = ["SpillStore"]
@@ -29,8 +31,8 @@ _SPILL_EPOCH = 1
 
 
 class SpillStore(StateStore):
-    """A worker's state store for a run without recovery, bounded to
-    ``max_live_keys`` live objects, spilling the rest to a temporary
+    """A worker's state store for a run without recovery, bounded by a
+    :class:`~millpond.livelimit.LiveLimit`, spilling the rest to a temporary
     directory (under ``dir``, default the system's temporary directory)."""
 
     @classmethod
@@ -39,7 +41,7 @@ class SpillStore(StateStore):
         flow_id: str,
         worker_index: int,
         worker_count: int,
-        max_live_keys: int,
+        live_limit: LiveLimit,
         *,
         key_group_count: int = DEFAULT_KEY_GROUP_COUNT,
         dir: Optional[str] = None,
@@ -48,13 +50,13 @@ class SpillStore(StateStore):
         root = Path(tempfile.mkdtemp(prefix=f"millpond-spill-w{worker_index}-", dir=dir))
         try:
             store = cls.open(root, flow_id, worker_index, worker_count, key_group_count=key_group_count)
-            store.limit_live_keys(max_live_keys)
+            live_limit.apply(store)
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
         assert isinstance(store, SpillStore)
         store._root = root
-        logger.debug("worker %d spills state beyond %d live keys to %s", worker_index, max_live_keys, root)
+        logger.debug("worker %d spills state beyond %s to %s", worker_index, live_limit.describe(), root)
         return store
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional, Protoc
 
 from millpond.errors import RecoveryError, SnapshotError, StateStoreError
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
+from millpond.livelimit import ByteBudget, check_max_live_bytes, check_max_live_keys
 
 __all__ = ["Stateful", "Builder", "WorkerStore", "StateStore", "MemoryStateStore", "LiveStats"]
 
@@ -535,18 +536,6 @@ class MemoryStateStore(_LiveState):
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-def check_max_live_keys(value: Optional[int]) -> Optional[int]:
-    """Return ``value`` if it is a valid live-key limit (``None`` or an
-    int of at least 1); raise ``ValueError`` naming it otherwise."""
-    if value is None:
-        return None
-    if type(value) is not int or value < 1:
-        raise ValueError(
-            f"max_live_keys must be a whole number of at least 1 (or None for no limit), got {value!r}"
-        )
-    return value
-
-
 @dataclass
 class LiveStats:
     """What a store's live-key limit did, counted since it opened."""
@@ -616,7 +605,15 @@ class StateStore(_LiveState):
         # Seconds a row the last snapshot that packed enough rows took to
         # pack them (None until one did).
         self._pack_cost: Optional[float] = None
+        # The live-key limit evict() keeps to: the smaller of the user's
+        # key limit and what the byte budget allows at its last estimate.
         self._max_live: Optional[int] = None
+        self._key_cap: Optional[int] = None
+        self._bytes: Optional[ByteBudget] = None
+        # When the byte budget was last measured: the epoch and the live
+        # count then.
+        self._measured: tuple[int, int] = (-1, 0)
+        self._budget_warned = False
 
     @classmethod
     def open(
@@ -667,8 +664,23 @@ class StateStore(_LiveState):
     @property
     def max_live_keys(self) -> Optional[int]:
         """The most live objects the store keeps between activations
-        (``None``: no bound). Set it with :meth:`limit_live_keys`."""
+        (``None``: no bound): the key limit of :meth:`limit_live_keys`, or
+        what the byte budget of :meth:`limit_live_bytes` allows at its
+        latest estimate, whichever is smaller."""
         return self._max_live
+
+    @property
+    def max_live_bytes(self) -> Optional[int]:
+        """The byte budget of :meth:`limit_live_bytes` (``None``: none)."""
+        return self._bytes.budget if self._bytes is not None else None
+
+    @property
+    def live_bytes_estimate(self) -> Optional[int]:
+        """With a byte budget: the estimated bytes of the live keyed state
+        (the latest estimate of a key's bytes times the live keys)."""
+        if self._bytes is None or self._bytes.per_key is None:
+            return None
+        return int(self._bytes.per_key * self.evictable_count())
 
     def limit_live_keys(self, max_live_keys: Optional[int]) -> None:
         """Bound the live objects to ``max_live_keys`` (``None``: no bound).
@@ -678,7 +690,45 @@ class StateStore(_LiveState):
         back from the store when touched again. Raises ``ValueError`` for a
         bound below 1.
         """
-        self._max_live = check_max_live_keys(max_live_keys)
+        self._key_cap = check_max_live_keys(max_live_keys)
+        self._apply_caps()
+
+    def limit_live_bytes(self, max_live_bytes: Optional[int]) -> None:
+        """Bound the live keyed state to about ``max_live_bytes`` bytes
+        (``None``: no budget), as a key limit worked out from a sample of
+        the live keys (:mod:`millpond.livelimit`), measured again each epoch
+        and before each eviction. At least one key stays live whatever the
+        budget. Raises ``ValueError`` for a budget below 1.
+        """
+        budget = check_max_live_bytes(max_live_bytes)
+        self._bytes = ByteBudget(budget) if budget is not None else None
+        self._measured = (-1, 0)
+        self._apply_caps()
+
+    def _apply_caps(self) -> None:
+        caps = [c for c in (self._key_cap, self._bytes.allowed() if self._bytes is not None else None) if c]
+        self._max_live = min(caps) if caps else None
+
+    def _measure_budget(self, epoch: int, total: int) -> None:
+        """Estimate a key's bytes again, if the epoch changed, the live keys
+        doubled, or an eviction is due, since the last estimate."""
+        budget = self._bytes
+        assert budget is not None
+        last_epoch, last_total = self._measured
+        limit = self._max_live
+        if epoch == last_epoch and total < 2 * last_total and (limit is None or total <= limit):
+            return
+        if budget.keys_for(self._live[step_id] for step_id in self._evictable) is None:
+            return
+        self._measured = (epoch, total)
+        self._apply_caps()
+        per_key = budget.per_key or 0.0
+        if per_key > budget.budget and not self._budget_warned:
+            self._budget_warned = True
+            logger.warning(
+                "worker %d: max_live_bytes %d is less than one key's state (about %d bytes): one key stays live",
+                self.worker_index, budget.budget, per_key,
+            )
 
     def prefetch(self, step_id: str, keys: Iterable[str]) -> int:
         """Build the live objects of the stored ``keys`` that are not live,
@@ -751,11 +801,13 @@ class StateStore(_LiveState):
         rolled back if it does not). Committed state is the same whichever
         keys were live.
         """
-        limit = self._max_live
-        if limit is None:
+        if self._max_live is None:
             return 0
         total = self.evictable_count()
-        if total <= limit:
+        if self._bytes is not None:
+            self._measure_budget(epoch, total)
+        limit = self._max_live
+        if limit is None or total <= limit:
             return 0
         excess = total - (limit - max(1, limit // 5))
         victims: dict[str, list[str]] = {}

@@ -30,7 +30,7 @@ from millpond.engine.progress import EpochProgress, LocalProgress, SingleProcess
 from millpond.engine.worker import Worker
 from millpond.errors import AbortExecution
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
-from millpond.state import check_max_live_keys
+from millpond.livelimit import LiveLimit, resolve_live_limit
 
 if TYPE_CHECKING:  # pragma: no cover
     from millpond.metrics import MetricsServer
@@ -49,33 +49,6 @@ _IDLE_POLL_SECONDS = 0.001
 # How often the epoch loop asks whether an epoch committed, when a
 # two-phase sink waits to publish one.
 _COMMIT_POLL_SECONDS = 0.02
-
-
-#: The variable that sets a live-key limit when the caller gives none.
-MAX_LIVE_KEYS_VAR = "MILLPOND_MAX_LIVE_KEYS"
-
-
-def resolve_max_live_keys(
-    max_live_keys: Optional[int], recovery_config: Optional["RecoveryConfig"]
-) -> Optional[int]:
-    """The live-key limit of a run: the argument, else the recovery
-    config's, else ``MILLPOND_MAX_LIVE_KEYS``, else none. Raises
-    ``ValueError`` naming a bad value and where it came from."""
-    if max_live_keys is not None:
-        return check_max_live_keys(max_live_keys)
-    configured = getattr(recovery_config, "max_live_keys", None)
-    if configured is not None:
-        return check_max_live_keys(configured)
-    raw = os.environ.get(MAX_LIVE_KEYS_VAR, "").strip()
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"{MAX_LIVE_KEYS_VAR}={raw!r} is not a whole number of at least 1; unset it for no limit")
-    return value
 
 
 def _check_interval(epoch_interval: Optional[timedelta]) -> timedelta:
@@ -102,13 +75,16 @@ def execute(
     cluster: Optional[ClusterSettings] = None,
     max_live_keys: Optional[int] = None,
     metrics: Optional["MetricsServer"] = None,
+    max_live_bytes: Optional[int] = None,
 ) -> None:
     """Run ``flow`` to the end of its input with ``worker_count`` workers
     in this process (and as many in every other process of ``cluster``).
 
-    ``max_live_keys`` bounds each worker's live state objects; ``None``
-    takes ``recovery_config.max_live_keys``, else the variable
-    ``MILLPOND_MAX_LIVE_KEYS``, else no bound. ``metrics``, a serving
+    ``max_live_keys`` bounds each worker's live state objects, and
+    ``max_live_bytes`` their estimated bytes; ``None`` takes the recovery
+    config's field of that name, else the variable
+    ``MILLPOND_MAX_LIVE_KEYS`` / ``MILLPOND_MAX_LIVE_BYTES``, else no
+    bound. ``metrics``, a serving
     :class:`~millpond.metrics.MetricsServer`, is handed the run once its
     workers are built (the caller stops it).
 
@@ -119,7 +95,7 @@ def execute(
     """
     plan = compile_plan(flow)
     interval = _check_interval(epoch_interval)
-    live_limit = resolve_max_live_keys(max_live_keys, recovery_config)
+    live_limit = resolve_live_limit(max_live_keys, max_live_bytes, recovery_config)
     gc_threshold = young_threshold()
     if not isinstance(worker_count, int) or worker_count < 1:
         raise ValueError(f"worker count must be a positive int; got {worker_count!r}")
@@ -157,7 +133,7 @@ def _execute(
     clock: Clock,
     progress: Optional[EpochProgress],
     node: Optional[ClusterNode],
-    max_live_keys: Optional[int] = None,
+    live_limit: LiveLimit = LiveLimit(),
     metrics: Optional["MetricsServer"] = None,
 ) -> bool:
     """Run the epochs; True if the inputs ended (False: aborted)."""
@@ -171,7 +147,7 @@ def _execute(
     else:
         exchange = LocalExchange(workers_here)
         progress = progress or SingleProcessProgress()
-    run = open_run(recovery_config, plan.flow_id, total, hosted, node, max_live_keys)
+    run = open_run(recovery_config, plan.flow_id, total, hosted, node, live_limit)
     workers: List[Worker] = []
     loop: Optional[_EpochLoop] = None
     aborted = True

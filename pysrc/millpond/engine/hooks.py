@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Dict, Optional, Protocol, Sequence
 
 from millpond.keygroup import DEFAULT_KEY_GROUP_COUNT
+from millpond.livelimit import LiveLimit
 from millpond.state import MemoryStateStore, StateStore, WorkerStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,8 +61,8 @@ class EphemeralRun:
 
     ``MemoryStateStore.snapshot`` persists nothing and only forgets which
     keys were touched or discarded; calling it at each epoch close keeps
-    those sets from growing for the life of a long-running flow. With
-    ``max_live_keys``, each worker gets a
+    those sets from growing for the life of a long-running flow. With a
+    ``live_limit``, each worker gets a
     :class:`~millpond.spill.SpillStore` instead: state beyond the limit
     goes to a temporary directory, removed at :meth:`close`.
     """
@@ -75,14 +76,14 @@ class EphemeralRun:
         key_group_count: int,
         flow_id: str = "flow",
         worker_count: Optional[int] = None,
-        max_live_keys: Optional[int] = None,
+        live_limit: LiveLimit = LiveLimit(),
     ) -> None:
         self.key_group_count = key_group_count
         self._stores: Dict[int, WorkerStore] = {}
         # Nothing to wait for without recovery: an epoch counts as
         # committed once every hosted worker closed it.
         self._closed: Dict[int, int] = {w: 0 for w in hosted}
-        if max_live_keys is None:
+        if not live_limit:
             self._stores = {w: MemoryStateStore() for w in hosted}
             return
         # Imported here: spilling needs the Go extension, a flow without
@@ -93,7 +94,7 @@ class EphemeralRun:
         try:
             for w in hosted:
                 self._stores[w] = SpillStore.open_spill(
-                    flow_id, w, count, max_live_keys, key_group_count=key_group_count
+                    flow_id, w, count, live_limit, key_group_count=key_group_count
                 )
         except BaseException:
             self.close()
@@ -128,24 +129,24 @@ def open_run(
     worker_count: int,
     hosted: Optional[Sequence[int]] = None,
     node: Optional["ClusterNode"] = None,
-    max_live_keys: Optional[int] = None,
+    live_limit: LiveLimit = LiveLimit(),
 ) -> Run:
     """The run for this execution: recovering if a config is given.
 
     ``worker_count`` is the flow's workers in all; this process hosts
     ``hosted`` of them (all by default), and ``node`` connects it to the
-    other processes of its cluster. ``max_live_keys`` bounds each
-    worker's live state objects (``None``: no bound)."""
+    other processes of its cluster. ``live_limit`` bounds each
+    worker's live state objects."""
     hosted = range(worker_count) if hosted is None else hosted
     if recovery_config is None:
-        return EphemeralRun(hosted, DEFAULT_KEY_GROUP_COUNT, flow_id, worker_count, max_live_keys)
+        return EphemeralRun(hosted, DEFAULT_KEY_GROUP_COUNT, flow_id, worker_count, live_limit)
     # Imported here: recovery needs the Go extension, a flow without it not.
     from millpond.engine.recovery_run import open_recovery_run
 
     run = open_recovery_run(recovery_config, flow_id, worker_count, hosted, node)
-    if max_live_keys is not None:
+    if live_limit:
         for w in hosted:
             store = run.worker_store(w)
             assert isinstance(store, StateStore)
-            store.limit_live_keys(max_live_keys)
+            live_limit.apply(store)
     return run

@@ -39,6 +39,7 @@ def run_main(
     max_live_keys: Optional[int] = None,
     metrics_port: Optional[int] = None,
     metrics_address: str = "127.0.0.1",
+    max_live_bytes: Optional[int] = None,
 ) -> None:
     """Run ``flow`` on one worker in the calling thread until its input ends.
 
@@ -48,19 +49,23 @@ def run_main(
     ones are evicted to the local store (a temporary directory without
     recovery) and read back when touched; ``None`` takes the recovery
     config's, else ``MILLPOND_MAX_LIVE_KEYS``, else no bound.
+    ``max_live_bytes`` bounds them by their estimated size instead (or as
+    well: the tighter bound wins), measured on a sample of the live keys
+    (docs/recovery.md, "Larger than memory"); ``None`` takes the recovery
+    config's, else ``MILLPOND_MAX_LIVE_BYTES``, else no budget.
     ``metrics_port`` serves Prometheus metrics at
     ``http://METRICS_ADDRESS:PORT/metrics`` while the flow runs (0 picks a
     free port; the address is logged); it needs ``prometheus-client``
     (``pip install 'millpond[metrics]'``), else ``ImportError``. See
     docs/operations.md. Exceptions from user code arrive as
     ``millpond.errors.DataflowError``; ``ValueError`` for a flow without
-    input or output, or a limit below 1; ``MetricsError`` when the metrics
+    input or output, or a limit or budget below 1; ``MetricsError`` when the metrics
     address cannot be listened on.
     """
     with serve_metrics(flow, metrics_port, metrics_address) as metrics:
         execute(
             flow, worker_count=1, epoch_interval=epoch_interval, recovery_config=recovery_config,
-            max_live_keys=max_live_keys, metrics=metrics,
+            max_live_keys=max_live_keys, max_live_bytes=max_live_bytes, metrics=metrics,
         )
 
 
@@ -100,6 +105,7 @@ def cluster_main(
     max_live_keys: Optional[int] = None,
     metrics_port: Optional[int] = None,
     metrics_address: str = "127.0.0.1",
+    max_live_bytes: Optional[int] = None,
 ) -> None:
     """Run ``flow`` as process ``proc_id`` of a cluster, with
     ``worker_count_per_proc`` workers here.
@@ -118,8 +124,8 @@ def cluster_main(
     ``MILLPOND_TLS_CERT``, ``MILLPOND_TLS_KEY``) turn on TLS between the
     processes, ``tls_ca`` (``MILLPOND_TLS_CA``) mutual TLS: every process
     then needs a certificate signed by that CA (docs/cluster.md).
-    ``max_live_keys`` bounds each worker's live keyed state as in
-    :func:`run_main`. ``metrics_port`` and ``metrics_address`` serve this
+    ``max_live_keys`` and ``max_live_bytes`` bound each worker's live
+    keyed state as in :func:`run_main`. ``metrics_port`` and ``metrics_address`` serve this
     process's metrics as in :func:`run_main`: every process serves its
     own (processes that share a host need different ports). Raises
     ``ValueError`` for settings wrong in themselves (a TLS file that cannot
@@ -146,5 +152,6 @@ def cluster_main(
             recovery_config=recovery_config,
             cluster=settings,
             max_live_keys=max_live_keys,
+            max_live_bytes=max_live_bytes,
             metrics=metrics,
         )

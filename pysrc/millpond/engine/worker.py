@@ -32,6 +32,7 @@ from millpond.engine.steps import (
 )
 from millpond.errors import DataflowError, SnapshotError
 from millpond.keygroup import worker_for_key
+from millpond.livelimit import format_size
 
 __all__ = ["Worker"]
 
@@ -153,6 +154,15 @@ class Worker:
             return
         calls = stats.hydrate_calls
         path = getattr(self.store, "path", None)
+        budget = getattr(self.store, "max_live_bytes", None)
+        if budget is not None:
+            estimate = getattr(self.store, "live_bytes_estimate", None)
+            logger.info(
+                "worker %d: byte budget %s: live keys estimated at %s, %s a key",
+                self.index, format_size(budget),
+                "?" if estimate is None else format_size(estimate),
+                "?" if not estimate else format_size(estimate / max(1, self.store.evictable_count())),
+            )
         logger.info(
             "worker %d: %d live keys (limit %d); evicted %d keys in %d batches (%d written first, "
             "%d back before the next batch); hydrated %d keys in %d multi-gets (%.1f per call), %d single reads; "
