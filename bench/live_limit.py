@@ -22,6 +22,10 @@ the fly; nothing is materialized), into ``stateful_map`` whose state is
    (target >= 0.9x); **uniform 10x**: 2M items uniform over 1M keys, limit
    100k against no limit, and a cProfile (top 15 by cumulative time) of a
    separate, shorter limited run.
+3. **budget** (``max_live_bytes``): 500k distinct keys with 1000-byte
+   states (``(count, <1000 distinct bytes>)``), unbounded and under byte
+   budgets of 256 MiB and 64 MiB: peak RSS against the budget, items/s,
+   and the key limit and per-key estimate each worker logged.
 
 ``--scale`` multiplies every count (keys, items, limits, hot-set size), so
 the ratios are those of the full run at a smaller size.
@@ -29,6 +33,7 @@ the ratios are those of the full run at a smaller size.
     python bench/live_limit.py                 # the issue's sizes, 1 round (~11-13 min)
     python bench/live_limit.py --scale 0.05    # quick check, 3 rounds (~1 min)
     python bench/live_limit.py --only resume-touch --json /tmp/ll.json
+    python bench/live_limit.py --only budget       # ~2 min
 """
 
 from __future__ import annotations
@@ -59,10 +64,10 @@ FLOW_ID = "bench_live"
 # -- the flow (child side) ------------------------------------------------------
 
 
-def _payload(key: str) -> bytes:
-    """100 bytes, distinct per key (so nothing is shared between states)."""
+def _payload(key: str, size: int = 100) -> bytes:
+    """``size`` bytes, distinct per key (so nothing is shared between states)."""
     b = key.encode()
-    return (b * (100 // len(b) + 1))[:100]
+    return (b * (size // len(b) + 1))[:size]
 
 
 def _mapper(state: Optional[tuple], value: bytes) -> tuple:
@@ -77,8 +82,8 @@ class _Gen:
     """Keys for one run: ``mode`` distinct (0..n-1 in order), hot (95% of
     a hot set, 5% uniform over ``space``) or uniform (over ``space``)."""
 
-    def __init__(self, mode: str, items: int, space: int, hot: int, seed: int = 13) -> None:
-        self.mode, self.items, self.space, self.hot = mode, items, space, hot
+    def __init__(self, mode: str, items: int, space: int, hot: int, seed: int = 13, size: int = 100) -> None:
+        self.mode, self.items, self.space, self.hot, self.size = mode, items, space, hot, size
         self.rng = random.Random(seed)
         self.pos = 0
         self.t_first: Optional[float] = None
@@ -102,9 +107,10 @@ class _Gen:
         else:  # hot
             idx = self._hot(n)
         out = []
+        size = self.size
         for i in idx:
             k = f"k{i:09d}"
-            out.append((k, _payload(k)))
+            out.append((k, _payload(k, size)))
         return out
 
     def _hot(self, n: int) -> List[int]:
@@ -156,7 +162,7 @@ class _Grab(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
-        if "live keys (limit" in msg:
+        if "live keys (limit" in msg or "byte budget" in msg:
             self.lines.append(msg)
 
 
@@ -173,7 +179,8 @@ def child_flow(spec: Dict[str, Any]) -> Dict[str, Any]:
     lg = logging.getLogger("millpond")
     lg.addHandler(grab)
     lg.setLevel(logging.INFO)
-    gen = _Gen(spec["mode"], spec["items"], spec.get("space", spec["items"]), spec.get("hot", 0))
+    gen = _Gen(spec["mode"], spec["items"], spec.get("space", spec["items"]), spec.get("hot", 0),
+               size=spec.get("size", 100))
     flow, box = build_flow(gen)
     cfg = RecoveryConfig(Path(spec["state"])) if spec.get("state") else None
     rss0 = _rss_mb()
@@ -185,7 +192,7 @@ def child_flow(spec: Dict[str, Any]) -> Dict[str, Any]:
     if prof is not None:
         prof.enable()
     run_main(flow, epoch_interval=timedelta(seconds=spec.get("epoch_s", 10)), recovery_config=cfg,
-             max_live_keys=spec.get("limit"))
+             max_live_keys=spec.get("limit"), max_live_bytes=spec.get("budget"))
     if prof is not None:
         prof.disable()
     t1 = time.perf_counter()
@@ -412,6 +419,26 @@ def limited(scale: float, tmp: Path, repeat: int) -> Dict[str, Any]:
     return res
 
 
+BUDGETS_MIB = (256, 64)
+
+
+def budget(scale: float, tmp: Path, repeat: int) -> Dict[str, Any]:
+    keys = sc(500_000, scale)
+    res: Dict[str, Any] = {"keys": keys, "state_bytes": 1000, "runs": []}
+    for r in range(repeat):
+        for mib in (None,) + BUDGETS_MIB:
+            spec: Dict[str, Any] = {"mode": "distinct", "items": keys, "size": 1000,
+                                    "state": str(fresh(tmp, "budget"))}
+            if mib is not None:
+                spec["budget"] = max(1, int(mib * scale * (1 << 20)))
+            got = run_child("child", spec)
+            got["budget_mib"] = None if mib is None else spec["budget"] / (1 << 20)
+            res["runs"].append(got)
+            print(f"  round {r + 1}, budget {got['budget_mib'] or 'none'} MiB: {got['items_per_s']:,.0f}/s, "
+                  f"peak RSS {got['peak_rss_mb']:.0f} MB", flush=True)
+    return res
+
+
 def fmt_report(out: Dict[str, Any]) -> str:
     lines = []
     rt = out.get("resume-touch")
@@ -475,6 +502,15 @@ def fmt_report(out: Dict[str, Any]) -> str:
         lines.append(f"  cProfile of a limited uniform run ({p['items']:,} items, {p['seconds']:.1f} s under the profiler):")
         lines.append(p["profile_cum"])
         lines.append(p["profile_tot"])
+    bd = out.get("budget")
+    if bd:
+        lines.append(f"budget: {bd['keys']:,} distinct keys, {bd['state_bytes']}-byte states")
+        lines.append(f"  {'run':44s} {'items/s':>10s} {'peak RSS':>9s} {'seconds':>8s}")
+        for run in bd["runs"]:
+            label = "no budget" if run["budget_mib"] is None else f"--max-live-bytes {run['budget_mib']:g}MiB"
+            lines.append(f"  {label:44s} {run['items_per_s']:10,.0f} {run['peak_rss_mb']:7.0f}MB {run['seconds']:8.1f}")
+            for ln in run["live_log"]:
+                lines.append(f"      log: {ln}")
     return "\n".join(lines)
 
 
@@ -491,7 +527,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=None, help="rounds (default 3 below scale 0.2, else 1)")
-    ap.add_argument("--only", choices=["resume-touch", "limited"], action="append")
+    ap.add_argument("--only", choices=["resume-touch", "limited", "budget"], action="append")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--report", type=Path, help="only print the table of a --json file")
     ap.add_argument("--tmp", type=Path, default=None, help="directory for the state (default: system temp)")
@@ -504,7 +540,7 @@ def main() -> None:
     out: Dict[str, Any] = {"scale": args.scale, "repeat": repeat, "python": sys.version.split()[0],
                            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     try:
-        only = args.only or ["resume-touch", "limited"]
+        only = args.only or ["resume-touch", "limited", "budget"]
         if "resume-touch" in only:
             print("resume-touch ...", flush=True)
             out["resume-touch"] = resume_touch(args.scale, tmp, repeat)
@@ -513,6 +549,11 @@ def main() -> None:
         if "limited" in only:
             print("limited ...", flush=True)
             out["limited"] = limited(args.scale, tmp, repeat)
+            if args.json:
+                args.json.write_text(json.dumps(out, indent=1))
+        if "budget" in only:
+            print("budget ...", flush=True)
+            out["budget"] = budget(args.scale, tmp, repeat)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

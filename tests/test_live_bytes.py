@@ -28,7 +28,8 @@ from millpond.recovery import RecoveryConfig
 from millpond.state import StateStore
 from millpond.testing import TestingSink, TestingSource, cluster_main, run_main
 
-ABORT = TestingSource.ABORT
+from helpers.aborts import with_aborts
+
 ZERO = timedelta(0)
 STEP = "s"
 
@@ -208,13 +209,6 @@ def _items(data: Sequence[Tuple[int, int]]) -> List[Tuple[str, int]]:
     return [(f"k{k}", v) for k, v in data]
 
 
-def _with_aborts(items: Sequence[Any], at: Sequence[int]) -> List[Any]:
-    out: List[Any] = []
-    for i, x in enumerate(items):
-        out.extend(ABORT() for _ in range(at.count(i)))
-        out.append(x)
-    return out
-
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
@@ -233,7 +227,7 @@ def test_random_budgets_and_aborts_give_the_output_of_an_unbounded_run(data, abo
     got: List[Any] = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RecoveryConfig(local_state_dir=Path(tmp) / "state", backup=str(Path(tmp) / "backup"))
-        flow = _flow(_with_aborts(items, aborts), got, batch_size)  # one source: an ABORT fires once
+        flow = _flow(with_aborts(items, aborts), got, batch_size)  # one source: an ABORT fires once
         for i in range(len(aborts) + 1):
             cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=cfg,
                          worker_count_per_proc=workers[i % len(workers)], max_live_bytes=budgets[i % len(budgets)])
@@ -249,7 +243,7 @@ def test_a_resumed_run_under_a_budget_ends_with_the_state_of_one_that_never_fail
     run_main(_flow(items, expected, 10), epoch_interval=ZERO)
     got: List[Any] = []
     cfg = RecoveryConfig(local_state_dir=tmp_path / "state", backup=str(tmp_path / "backup"), max_live_bytes=4000)
-    flow = _flow(_with_aborts(items, [150, 420]), got, 10)
+    flow = _flow(with_aborts(items, [150, 420]), got, 10)
     for workers, budget in ((1, None), (2, 2500), (1, 800)):
         cluster_main(flow, [], 0, epoch_interval=ZERO, recovery_config=cfg, worker_count_per_proc=workers,
                      max_live_bytes=budget)

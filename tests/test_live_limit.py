@@ -28,7 +28,8 @@ from millpond.recovery import RecoveryConfig
 from millpond.state import StateStore
 from millpond.testing import TestingSink, TestingSource, cluster_main, run_main
 
-ABORT = TestingSource.ABORT
+from helpers.aborts import with_aborts
+
 ZERO = timedelta(0)
 PAST = datetime(2000, 1, 1, tzinfo=timezone.utc)
 STEP = "s"
@@ -245,13 +246,6 @@ def _items(keys: Sequence[int], values: Sequence[int]) -> List[Tuple[str, int]]:
     return [(f"k{k}", v) for k, v in zip(keys, values)]
 
 
-def _with_aborts(items: Sequence[Any], at: Sequence[int]) -> List[Any]:
-    out: List[Any] = []
-    for i, x in enumerate(items):
-        out.extend(ABORT() for _ in range(at.count(i)))
-        out.append(x)
-    return out
-
 
 def _resumed_output(tmp: Path, items: Sequence[Any], limits: Sequence[Optional[int]], workers: Sequence[int],
                     aborts: int, batch_size: int) -> List[Any]:
@@ -279,7 +273,7 @@ def test_random_limits_and_aborts_give_the_output_of_an_unlimited_run(data, abor
     run_main(_count_flow(items, expected, batch_size), epoch_interval=ZERO)
     aborts = [i for i in abort_at if i < len(items)]
     with tempfile.TemporaryDirectory() as tmp:
-        got = _resumed_output(Path(tmp), _with_aborts(items, aborts), limits, workers, len(aborts), batch_size)
+        got = _resumed_output(Path(tmp), with_aborts(items, aborts), limits, workers, len(aborts), batch_size)
     assert sorted(got, key=repr) == sorted(expected, key=repr)
 
 

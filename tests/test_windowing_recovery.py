@@ -39,7 +39,8 @@ from millpond.dataflow import Dataflow  # noqa: E402
 from millpond.recovery import RecoveryConfig, SnapshotMode  # noqa: E402
 from millpond.testing import TestingSink, TestingSource, cluster_main  # noqa: E402
 
-ABORT = TestingSource.ABORT
+from helpers.aborts import with_aborts  # noqa: E402
+
 ZERO = timedelta(0)
 BASE = datetime(2024, 3, 1, 12, 0, tzinfo=timezone.utc)
 # The "system time" the clock sees: never moves, so a key's watermark only
@@ -113,13 +114,6 @@ def event_items(keys: Sequence[int], steps: Sequence[int], jitters: Sequence[int
         out.append((f"k{k}", (BASE + timedelta(seconds=max(0, t - jit)), idx)))
     return out
 
-
-def with_aborts(data: Sequence[Any], at: Sequence[int]) -> List[Any]:
-    items: List[Any] = []
-    for i, x in enumerate(data):
-        items.extend(ABORT() for _ in range(at.count(i)))
-        items.append(x)
-    return items
 
 
 def run_uninterrupted(data: Sequence[Any], kind: str, wait_s: int, batch_size: int) -> List[Any]:

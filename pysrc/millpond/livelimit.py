@@ -68,16 +68,24 @@ class LiveLimit:
         return " and ".join(parts) or "no bound"
 
 
-def check_max_live_keys(value: Optional[int]) -> Optional[int]:
-    """Return ``value`` if it is a valid live-key limit (``None`` or an
-    int of at least 1); raise ``ValueError`` naming it otherwise."""
+def _check_bound(name: str, what: str, unset: str, value: Optional[int]) -> Optional[int]:
     if value is None:
         return None
     if type(value) is not int or value < 1:
-        raise ValueError(
-            f"max_live_keys must be a whole number of at least 1 (or None for no limit), got {value!r}"
-        )
+        raise ValueError(f"{name} must be {what} of at least 1 (or None for {unset}), got {value!r}")
     return value
+
+
+def check_max_live_keys(value: Optional[int]) -> Optional[int]:
+    """Return ``value`` if it is a valid live-key limit (``None`` or an
+    int of at least 1); raise ``ValueError`` naming it otherwise."""
+    return _check_bound("max_live_keys", "a whole number", "no limit", value)
+
+
+def check_max_live_bytes(value: Optional[int]) -> Optional[int]:
+    """Return ``value`` if it is a valid byte budget (``None`` or an int of
+    at least 1); raise ``ValueError`` naming it otherwise."""
+    return _check_bound("max_live_bytes", "a whole number of bytes", "no budget", value)
 
 
 def resolve_live_limit(
@@ -181,18 +189,6 @@ def owned_bytes(roots: Sequence[Any], walk_limit: int = WALK_LIMIT) -> List[int]
         if index != _SHARED:
             totals[index] += size[oid]
     return totals
-
-
-def check_max_live_bytes(value: Optional[int]) -> Optional[int]:
-    """Return ``value`` if it is a valid byte budget (``None`` or an int of
-    at least 1); raise ``ValueError`` naming it otherwise."""
-    if value is None:
-        return None
-    if type(value) is not int or value < 1:
-        raise ValueError(
-            f"max_live_bytes must be a whole number of bytes of at least 1 (or None for no budget), got {value!r}"
-        )
-    return value
 
 
 _UNITS = {
