@@ -339,11 +339,22 @@ def test_the_variable_sets_the_limit_when_nothing_else_does(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-def test_sigkill_while_evicting_then_resume_with_another_limit_and_worker_count(tmp_path):
+@pytest.mark.parametrize(
+    "killed_under,resumed_under,resumed_log",
+    [
+        (["--max-live-keys", "20"], ["--max-live-keys", "7"], r"live keys \(limit 7\); evicted (\d+) keys"),
+        # A byte budget: about 20 and then about 6 keys of these (int) states.
+        (["--max-live-bytes", "4KiB"], ["--max-live-bytes", "1200"], r"live keys \(limit \d\); evicted (\d+) keys"),
+    ],
+    ids=["key-limit", "byte-budget"],
+)
+def test_sigkill_while_evicting_then_resume_with_another_limit_and_worker_count(tmp_path, killed_under,
+                                                                                  resumed_under, resumed_log):
     """The word count of helpers.mpflow (300 words) under a limit of 20 live
-    keys evicts on nearly every batch; SIGKILLed at random moments, each
-    rerun leaves a prefix of the uninterrupted output, and a last run with
-    a limit of 7 on two workers completes it exactly: every count once."""
+    keys (or a byte budget that allows about as many) evicts on nearly
+    every batch; SIGKILLed at random moments, each rerun leaves a prefix of
+    the uninterrupted output, and a last run with a tighter bound on two
+    workers completes it exactly: every count once."""
     import random
 
     from helpers.mpflow import child_env, expected_output, kill_at_random_points, make_run_dir, run, run_argv
@@ -351,18 +362,18 @@ def test_sigkill_while_evicting_then_resume_with_another_limit_and_worker_count(
     uninterrupted = expected_output()
     d = make_run_dir(tmp_path / "run")
     (d / "state").mkdir()
-    argv = run_argv(local="state", backup=None, extra=["--max-live-keys", "20"])
+    argv = run_argv(local="state", backup=None, extra=killed_under)
     logs, killed = kill_at_random_points(argv, d, child_env(), 3, random.Random(13), 0.35, d / "out.txt",
                                          uninterrupted)
     assert killed == 3
-    final = run(run_argv(local="state", backup=None, extra=["--max-live-keys", "7", "-w", "2"]), d, timeout=120)
+    final = run(run_argv(local="state", backup=None, extra=resumed_under + ["-w", "2"]), d, timeout=120)
     assert final.returncode == 0, final
     text = (d / "out.txt").read_text()
     # Every running count exactly once (two workers emit in another order).
     assert sorted(text.splitlines()) == sorted(uninterrupted.splitlines())
     import re
 
-    evicted = [int(n) for n in re.findall(r"live keys \(limit 7\); evicted (\d+) keys", final.stderr)]
+    evicted = [int(n) for n in re.findall(resumed_log, final.stderr)]
     assert len(evicted) == 2 and sum(evicted) > 0, final.stderr
 
 
