@@ -14,7 +14,6 @@ written; positions are recorded; recovery snapshots the store).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, FrozenSet, List, Optional

@@ -51,7 +51,7 @@ def run_main(
     config's, else ``MILLPOND_MAX_LIVE_KEYS``, else no bound.
     ``max_live_bytes`` bounds them by their estimated size instead (or as
     well: the tighter bound wins), measured on a sample of the live keys
-    (docs/recovery.md, "Larger than memory"); ``None`` takes the recovery
+    (docs/recovery.md, "A byte budget"); ``None`` takes the recovery
     config's, else ``MILLPOND_MAX_LIVE_BYTES``, else no budget.
     ``metrics_port`` serves Prometheus metrics at
     ``http://METRICS_ADDRESS:PORT/metrics`` while the flow runs (0 picks a
