@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 import tempfile
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
@@ -73,6 +74,40 @@ def test_the_keys_of_a_dict_of_str_count_too():
     states = [{f"field-{j}-{'x' * 40}": float(j) for j in range(5)} for _ in range(3)]
     expected = sys.getsizeof(states[0]) + sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in states[0].items())
     assert owned_bytes(states) == [expected] * 3
+
+
+def test_a_large_structure_every_key_refers_to_is_walked_once_and_charged_to_none():
+    table = {f"entry-{i}": [i] for i in range(100_000)}
+    roots = [Holder([bytes(500) for _ in range(2)], table) for _ in range(64)]
+    # The shared table comes first in each root's referents: a breadth-first
+    # walk still reaches the root's own objects within the walk limit.
+    roots = [Holder(table, r.own) for r in roots]
+    t0 = time.perf_counter()
+    sizes = owned_bytes(roots, walk_limit=5000)
+    took = time.perf_counter() - t0
+    own = sys.getsizeof(roots[0]) + sys.getsizeof(roots[0].shared) + 2 * sys.getsizeof(bytes(500))
+    assert sizes == [own] * 64
+    # Once (5,000 objects), not 64 times.
+    assert took < 3.0, took  # 64 walks of the table took 10 s
+
+
+def test_what_a_shared_object_leads_to_is_shared_even_when_a_root_reached_it_first():
+    inner = [bytes(2000)]
+    shared = {"inner": inner}
+    a = Holder(inner, None)  # reaches inner directly...
+    b = Holder(shared, None)  # ... and through shared
+    sizes = owned_bytes([a, b])
+    assert sizes[0] == sys.getsizeof(a)
+    assert sizes[1] == sys.getsizeof(b) + sys.getsizeof(shared) + sys.getsizeof("inner")
+
+
+def test_a_broken_sizeof_does_not_stop_the_estimate():
+    class Broken:
+        def __sizeof__(self) -> int:
+            raise RuntimeError("no size")
+
+    sizes = owned_bytes([Holder(Broken(), None), Holder(bytes(100), None)])
+    assert sizes[1] > 100
 
 
 def test_classes_functions_and_singletons_are_not_entered():

@@ -14,6 +14,7 @@ allocator overhead, and a sample is a sample.
 
 from __future__ import annotations
 
+import collections
 import gc
 import itertools
 import os
@@ -146,49 +147,84 @@ _SINGLETONS = frozenset(map(id, (None, True, False, NotImplemented, Ellipsis, ()
 
 _SHARED = -1
 
+# A container that refers to more objects than this is walked into last.
+_LARGE = 256
+
 
 def owned_bytes(roots: Sequence[Any], walk_limit: int = WALK_LIMIT) -> List[int]:
     """The bytes of the objects reachable from each of ``roots`` and from no
     other root (``sys.getsizeof`` each, following ``gc.get_referents``).
 
-    An object two roots reach counts for neither: with roots sampled from
-    many keys, what every key refers to (configuration, caches) is shared
-    and what a key alone holds is its own. Classes, modules, functions and
-    code are not entered. Each root's walk stops after ``walk_limit``
-    objects.
+    An object two roots reach counts for neither, nor does anything it
+    leads to: with roots sampled from many keys, what every key refers to
+    (configuration, caches, a shared table) is shared and what a key alone
+    holds is its own. Classes, modules, functions and code are not entered.
+    Each root's walk is breadth first, what large containers hold last, and
+    stops after ``walk_limit`` objects; a walk that reaches an object an earlier root reached does not
+    enter it again, so a large structure every key refers to is walked
+    once, not once per root.
     """
     owner: Dict[int, int] = {}
     size: Dict[int, int] = {}
+    visited: Dict[int, Any] = {}
+    meeting: List[Any] = []  # objects a later root found an earlier one's
     for index, root in enumerate(roots):
         seen = {id(root)}
-        stack = [root]
+        # What large containers hold waits until everything else found is
+        # walked: a key's state that refers to a large table would
+        # otherwise spend its whole walk in the table.
+        queue, later = collections.deque([root]), collections.deque()
         walked = 0
-        while stack and walked < walk_limit:
-            obj = stack.pop()
+        while (queue or later) and walked < walk_limit:
+            obj = queue.popleft() if queue else later.popleft()
             walked += 1
             oid = id(obj)
             first = owner.get(oid)
-            if first is None:
-                owner[oid] = index
-                size[oid] = sys.getsizeof(obj, 0)
-            elif first != index:
-                owner[oid] = _SHARED
-            refs = gc.get_referents(obj)
-            if isinstance(obj, dict):
-                # A dict whose keys are all str does not report its keys
-                # to the collector (str cannot form cycles).
-                refs.extend(obj)
+            if first is not None:
+                if first != index and first != _SHARED:
+                    owner[oid] = _SHARED
+                    meeting.append(obj)
+                continue
+            owner[oid] = index
+            visited[oid] = obj
+            size[oid] = _sizeof(obj)
+            refs = _referents(obj)
+            into = queue if len(refs) <= _LARGE else later
             for ref in refs:
                 rid = id(ref)
-                if rid in seen or rid in _SINGLETONS or isinstance(ref, _STOP_TYPES):
-                    continue
-                seen.add(rid)
-                stack.append(ref)
+                if rid not in seen and rid not in _SINGLETONS and not isinstance(ref, _STOP_TYPES):
+                    seen.add(rid)
+                    into.append(ref)
+    # What a shared object leads to is shared too, as far as the walks went.
+    while meeting:
+        for ref in _referents(meeting.pop()):
+            rid = id(ref)
+            if owner.get(rid, _SHARED) != _SHARED:
+                owner[rid] = _SHARED
+                meeting.append(visited[rid])
     totals = [0] * len(roots)
     for oid, index in owner.items():
         if index != _SHARED:
             totals[index] += size[oid]
     return totals
+
+
+def _referents(obj: Any) -> List[Any]:
+    refs = gc.get_referents(obj)
+    if isinstance(obj, dict):
+        # A dict whose keys are all str does not report its keys to the
+        # collector (str cannot form cycles).
+        refs.extend(obj)
+    return refs
+
+
+def _sizeof(obj: Any) -> int:
+    # __sizeof__ may be a user's method; a broken one must not stop the
+    # flow over an estimate.
+    try:
+        return sys.getsizeof(obj, 0)
+    except Exception:  # noqa: BLE001
+        return 0
 
 
 _UNITS = {
