@@ -22,7 +22,7 @@ import re
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence
 
 __all__ = [
     "ByteBudget",
@@ -173,7 +173,8 @@ def owned_bytes(roots: Sequence[Any], walk_limit: int = WALK_LIMIT) -> List[int]
         # What large containers hold waits until everything else found is
         # walked: a key's state that refers to a large table would
         # otherwise spend its whole walk in the table.
-        queue, later = collections.deque([root]), collections.deque()
+        queue: Deque[Any] = collections.deque([root])
+        later: Deque[Any] = collections.deque()
         walked = 0
         while (queue or later) and walked < walk_limit:
             obj = queue.popleft() if queue else later.popleft()
@@ -189,12 +190,19 @@ def owned_bytes(roots: Sequence[Any], walk_limit: int = WALK_LIMIT) -> List[int]
             visited[oid] = obj
             size[oid] = _sizeof(obj)
             refs = _referents(obj)
-            into = queue if len(refs) <= _LARGE else later
+            into, room = queue, len(refs)
+            if room > _LARGE:
+                # No more than the walk can still visit: a key referring to
+                # a table of a million entries queues a few thousand of them.
+                into, room = later, walk_limit - walked - len(later)
             for ref in refs:
+                if room <= 0:
+                    break
                 rid = id(ref)
                 if rid not in seen and rid not in _SINGLETONS and not isinstance(ref, _STOP_TYPES):
                     seen.add(rid)
                     into.append(ref)
+                    room -= 1
     # What a shared object leads to is shared too, as far as the walks went.
     while meeting:
         for ref in _referents(meeting.pop()):
