@@ -251,7 +251,7 @@ def parse_size(text: str) -> int:
     powers of 1000. Raises ``ValueError`` naming what it could not read."""
     m = _SIZE.fullmatch(text)
     unit = _UNITS.get(m.group(2).lower()) if m else None
-    if m is None or unit is None:
+    if m is None or unit is None or (unit == 1 and "." in m.group(1)):
         raise ValueError(f"expected a size such as 1500000, 512MiB or 2GB, got {text!r}")
     value = int(float(m.group(1)) * unit)
     if value < 1:

@@ -675,6 +675,12 @@ class StateStore(_LiveState):
         return self._bytes.budget if self._bytes is not None else None
 
     @property
+    def live_key_bytes(self) -> Optional[float]:
+        """With a byte budget: the latest estimate of the bytes a live key
+        takes (``None`` before the first)."""
+        return self._bytes.per_key if self._bytes is not None else None
+
+    @property
     def live_bytes_estimate(self) -> Optional[int]:
         """With a byte budget: the estimated bytes of the live keyed state
         (the latest estimate of a key's bytes times the live keys)."""
