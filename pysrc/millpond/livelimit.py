@@ -22,7 +22,7 @@ import re
 import sys
 import types
 from dataclasses import dataclass
-from typing import Any, Deque, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence
 
 __all__ = [
     "ByteBudget",
@@ -96,28 +96,33 @@ def resolve_live_limit(
     field of that name, else its variable (``MILLPOND_MAX_LIVE_KEYS``,
     ``MILLPOND_MAX_LIVE_BYTES``), else none. Raises ``ValueError`` naming a
     bad value and where it came from."""
-    keys = max_live_keys if max_live_keys is not None else getattr(recovery_config, "max_live_keys", None)
-    if keys is not None:
-        check_max_live_keys(keys)
-    else:
-        raw = os.environ.get(MAX_LIVE_KEYS_VAR, "").strip()
-        if raw:
-            keys = int(raw) if raw.isdigit() else 0
-            if keys < 1:
-                raise ValueError(
-                    f"{MAX_LIVE_KEYS_VAR}={raw!r} is not a whole number of at least 1; unset it for no limit"
-                )
-    size = max_live_bytes if max_live_bytes is not None else getattr(recovery_config, "max_live_bytes", None)
-    if size is not None:
-        check_max_live_bytes(size)
-    else:
-        raw = os.environ.get(MAX_LIVE_BYTES_VAR, "").strip()
-        if raw:
-            try:
-                size = parse_size(raw)
-            except ValueError as ex:
-                raise ValueError(f"{MAX_LIVE_BYTES_VAR}={raw!r}: {ex}; unset it for no budget") from None
+    keys = _resolve(max_live_keys, recovery_config, "max_live_keys", MAX_LIVE_KEYS_VAR,
+                    check_max_live_keys, _parse_count, "no limit")
+    size = _resolve(max_live_bytes, recovery_config, "max_live_bytes", MAX_LIVE_BYTES_VAR,
+                    check_max_live_bytes, parse_size, "no budget")
     return LiveLimit(keys, size)
+
+
+def _resolve(value: Optional[int], config: Any, field: str, var: str, check: Callable[[Optional[int]], Optional[int]],
+             parse: Callable[[str], int], unset: str) -> Optional[int]:
+    if value is None:
+        value = getattr(config, field, None)
+    if value is not None:
+        return check(value)
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return None
+    try:
+        return parse(raw)
+    except ValueError as ex:
+        raise ValueError(f"{var}={raw!r}: {ex}; unset it for {unset}") from None
+
+
+def _parse_count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("it is not a whole number of at least 1")
+    return int(text)
+
 
 #: Bytes charged per live key besides its objects: its entries in the
 #: store's dicts (the live dict, the epoch's touched keys) and their share
@@ -125,7 +130,7 @@ def resolve_live_limit(
 KEY_OVERHEAD_BYTES = 120
 
 #: The most objects walked from one key's state. A state that reaches more
-#: is charged for these only (an underestimate, logged by the caller).
+#: is charged for these only (an underestimate).
 WALK_LIMIT = 20_000
 
 # Objects a walk never enters or charges: code and classes belong to the
