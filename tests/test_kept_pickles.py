@@ -130,6 +130,20 @@ def test_without_whole_from_nothing_is_kept(tmp_path):
         assert s._packed == {} and s._packed_bytes == 0
 
 
+@pytest.mark.parametrize("bound", ["keys", "bytes"])
+def test_a_bounded_store_keeps_nothing_even_before_it_evicts(tmp_path, bound):
+    # Kept pickles are memory a live-key limit or a byte budget does not count.
+    with seeded(tmp_path, 10) as s:
+        if bound == "keys":
+            s.limit_live_keys(1000)
+        else:
+            s.limit_live_bytes(10 << 20)
+        touch(s, *(f"k{i}" for i in range(5)))
+        s.snapshot(2)
+        assert s.live_stats.evicted == 0 and s.last_snapshot_whole
+        assert s._packed == {} and s._packed_bytes == 0
+
+
 def test_a_failed_snapshot_forgets_what_was_kept(tmp_path):
     with seeded(tmp_path, 4) as s:
         touch(s, "k2", "k3")

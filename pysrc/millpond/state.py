@@ -974,9 +974,14 @@ class StateStore(_LiveState):
         touches nearly every key, as a word count over a small vocabulary
         does, keeps nothing, nor does one that touches a few keys. Nor does
         a store whose keys pack faster than a kept pickle would pay back
-        (small states: see _KEEP_FROM_PACK_SECONDS)."""
+        (small states: see _KEEP_FROM_PACK_SECONDS), nor one with a
+        live-key limit or byte budget."""
         share = self.whole_from
         if share is None or not may_be_whole or live_keys == 0:
+            return False
+        # Kept pickles are memory a live-key limit or byte budget does not
+        # count: a bounded store keeps none, whether or not it evicted yet.
+        if self._max_live is not None:
             return False
         if self._pack_cost is not None and self._pack_cost < _KEEP_FROM_PACK_SECONDS:
             return False
