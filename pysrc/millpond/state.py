@@ -714,6 +714,10 @@ class StateStore(_LiveState):
     def _apply_caps(self) -> None:
         caps = [c for c in (self._key_cap, self._bytes.allowed() if self._bytes is not None else None) if c]
         self._max_live = min(caps) if caps else None
+        if self._max_live is not None:
+            # Kept pickles are memory the bound does not count (and an
+            # evicting store's epochs are not whole): see _keeps_pickles.
+            self._forget_packed()
 
     def _measure_budget(self, epoch: int, total: int) -> None:
         """Estimate a key's bytes again, if the epoch changed, the live keys
@@ -830,9 +834,6 @@ class StateStore(_LiveState):
                 changed[step_id] = written
         if changed:
             self._write(self._spill_epoch(epoch), changed)
-        # Evicted steps are no longer all live, so no snapshot is whole
-        # (and tops up) until they are read in full again.
-        self._forget_packed()
         count = 0
         self._victims = {}
         for step_id, keys in victims.items():

@@ -157,11 +157,11 @@ class Worker:
         budget = getattr(self.store, "max_live_bytes", None)
         if budget is not None:
             per_key = getattr(self.store, "live_key_bytes", None)
-            live = self.store.evictable_count()
+            estimate = getattr(self.store, "live_bytes_estimate", None)
             logger.info(
                 "worker %d: byte budget %s: %s a key at the latest estimate, %s for the %d live keys",
                 self.index, format_size(budget), "?" if per_key is None else format_size(per_key),
-                "?" if per_key is None else format_size(per_key * live), live,
+                "?" if estimate is None else format_size(estimate), self.store.evictable_count(),
             )
         logger.info(
             "worker %d: %d live keys (limit %d); evicted %d keys in %d batches (%d written first, "
