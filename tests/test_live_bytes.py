@@ -245,7 +245,6 @@ def _items(data: Sequence[Tuple[int, int]]) -> List[Tuple[str, int]]:
     return [(f"k{k}", v) for k, v in data]
 
 
-
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     data=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 9)), min_size=1, max_size=80),
@@ -332,19 +331,12 @@ def test_the_argument_wins_over_the_config_and_the_config_over_the_variable(tmp_
 
 
 def test_the_command_line_takes_a_budget_and_refuses_a_bad_one(tmp_path):
-    from helpers.mpflow import PYTHON, child_env, make_run_dir, run
+    from helpers.mpflow import PYTHON, bound_flag_runs, run
 
-    d = make_run_dir(tmp_path / "run", lines=200)
-    flow = 'wcflow:get_flow("in.txt", "out.txt")'
-    bad = run([PYTHON, "-m", "millpond.run", flow, "--max-live-bytes", "0"], d)
-    assert bad.returncode == 2
+    bad, bad_var, ok = bound_flag_runs(tmp_path, "--max-live-bytes", "MILLPOND_MAX_LIVE_BYTES",
+                                       ["--max-live-bytes", "8KiB", "-d", "state"])
     assert "--max-live-bytes: expected a size of at least 1 byte, got '0'" in bad.stderr
-    bad = run([PYTHON, "-m", "millpond.run", flow], d, env=child_env({"MILLPOND_MAX_LIVE_BYTES": "lots"}))
-    assert bad.returncode == 2
-    assert "MILLPOND_MAX_LIVE_BYTES='lots': expected a size such as 1500000, 512MiB or 2GB" in bad.stderr
-    assert not (d / "out.txt").exists()
-    ok = run([PYTHON, "-m", "millpond.run", flow, "--max-live-bytes", "8KiB", "-d", "state"], d)
-    assert ok.returncode == 0, ok
+    assert "MILLPOND_MAX_LIVE_BYTES='lots': expected a size such as 1500000, 512MiB or 2GB" in bad_var.stderr
     assert "byte budget 8.0 KiB" in ok.stderr and "live keys (limit" in ok.stderr
-    help_text = run([PYTHON, "-m", "millpond.run", "--help"], d)
+    help_text = run([PYTHON, "-m", "millpond.run", "--help"], tmp_path)
     assert "--max-live-bytes SIZE" in help_text.stdout

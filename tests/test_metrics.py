@@ -215,21 +215,30 @@ def test_scrape_during_a_run_counters_move_and_parse(tmp_path):
     assert len(out) >= src_out, "the flow wrote a count per item"
 
 
-def test_live_key_limit_counters_move(tmp_path):
-    """With --max-live-keys below the keys in use, evictions and the
-    multi-gets that read keys back (and so their batch sizes) show."""
+WORKER0 = {"flow": "metrics_flow", "worker": "0"}
+
+
+def _scrape_once_evicting(tmp_path: Path, metric: str, **bound: int) -> Tuple[Samples, Dict[str, str]]:
+    """Run the slow flow with a live bound (``max_live_keys`` or
+    ``max_live_bytes``) and scrape once ``metric`` has counted 3."""
     stop = threading.Event()
     flow = metricsflows.get_flow(total=10**6, delay=0.002, stop=stop, out=[])
     run = RunInThread(flow, epoch_interval=timedelta(seconds=0.1),
-                      recovery_config=RecoveryConfig(tmp_path / "state"), metrics_port=0, max_live_keys=2)
+                      recovery_config=RecoveryConfig(tmp_path / "state"), metrics_port=0, **bound)
     try:
         url = run.url()
-        w = {"flow": "metrics_flow", "worker": "0"}
-        wait_for(lambda: total(scrape(url)[0], "millpond_hydrations_total", **w) >= 3)
-        samples, types = scrape(url)
+        wait_for(lambda: total(scrape(url)[0], metric, **WORKER0) >= 3)
+        return scrape(url)
     finally:
         stop.set()
         run.join()
+
+
+def test_live_key_limit_counters_move(tmp_path):
+    """With --max-live-keys below the keys in use, evictions and the
+    multi-gets that read keys back (and so their batch sizes) show."""
+    samples, types = _scrape_once_evicting(tmp_path, "millpond_hydrations_total", max_live_keys=2)
+    w = WORKER0
     assert types["millpond_hydrations"] == "counter"
     assert value(samples, "millpond_live_keys_limit", **w) == 2
     assert value(samples, "millpond_evicted_keys_total", **w) > 0
@@ -241,18 +250,8 @@ def test_live_key_limit_counters_move(tmp_path):
 def test_byte_budget_gauges(tmp_path):
     """With --max-live-bytes, the budget, the estimated live bytes (within
     it) and the key limit it works out to show."""
-    stop = threading.Event()
-    flow = metricsflows.get_flow(total=10**6, delay=0.002, stop=stop, out=[])
-    run = RunInThread(flow, epoch_interval=timedelta(seconds=0.1),
-                      recovery_config=RecoveryConfig(tmp_path / "state"), metrics_port=0, max_live_bytes=900)
-    try:
-        url = run.url()
-        w = {"flow": "metrics_flow", "worker": "0"}
-        wait_for(lambda: total(scrape(url)[0], "millpond_evicted_keys_total", **w) >= 3)
-        samples, types = scrape(url)
-    finally:
-        stop.set()
-        run.join()
+    samples, types = _scrape_once_evicting(tmp_path, "millpond_evicted_keys_total", max_live_bytes=900)
+    w = WORKER0
     assert types["millpond_live_bytes"] == "gauge"
     assert value(samples, "millpond_live_bytes_limit", **w) == 900
     assert 0 < value(samples, "millpond_live_bytes", **w) <= 900

@@ -21,7 +21,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 #: The package the children run. ``MP_TEST_PYSRC`` points them at another
@@ -220,6 +220,24 @@ def run(argv: Sequence[str], cwd: Path, env: Optional[Dict[str, str]] = None, ti
             proc.kill()
             proc.wait()
     return Result(proc.returncode, out, err, time.monotonic() - t0)
+
+
+def bound_flag_runs(tmp_path: Path, flag: str, var: str, good: Sequence[str],
+                    env: Optional[Dict[str, str]] = None) -> Tuple[Result, Result, Result]:
+    """The word count of ``wcflow`` run three times from the command line:
+    with ``flag 0``, with ``var=lots`` (both must exit 2 before writing
+    anything), then with the ``good`` arguments (must exit 0). Returns the
+    three results for the caller's checks of their messages."""
+    d = make_run_dir(tmp_path / "run", lines=200)
+    flow = 'wcflow:get_flow("in.txt", "out.txt")'
+    bad_flag = run([PYTHON, "-m", "millpond.run", flow, flag, "0"], d)
+    assert bad_flag.returncode == 2, bad_flag
+    bad_var = run([PYTHON, "-m", "millpond.run", flow], d, env=child_env({var: "lots"}))
+    assert bad_var.returncode == 2, bad_var
+    assert not (d / "out.txt").exists()
+    ok = run([PYTHON, "-m", "millpond.run", flow, *good], d, env=child_env(env))
+    assert ok.returncode == 0, ok
+    return bad_flag, bad_var, ok
 
 
 def commit_records(backup: Path, flow: str = FLOW_ID) -> List[Path]:
