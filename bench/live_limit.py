@@ -25,7 +25,9 @@ the fly; nothing is materialized), into ``stateful_map`` whose state is
 3. **budget** (``max_live_bytes``): 500k distinct keys with 1000-byte
    states (``(count, <1000 distinct bytes>)``), unbounded and under byte
    budgets of 256 MiB and 64 MiB: peak RSS against the budget, items/s,
-   and the key limit and per-key estimate each worker logged.
+   and the key limit and per-key estimate each worker logged; then, in
+   this process, the estimate of a key against what ``tracemalloc``
+   counts for 20,000 keys of five state shapes.
 
 ``--scale`` multiplies every count (keys, items, limits, hot-set size), so
 the ratios are those of the full run at a smaller size.
@@ -436,7 +438,42 @@ def budget(scale: float, tmp: Path, repeat: int) -> Dict[str, Any]:
             res["runs"].append(got)
             print(f"  round {r + 1}, budget {got['budget_mib'] or 'none'} MiB: {got['items_per_s']:,.0f}/s, "
                   f"peak RSS {got['peak_rss_mb']:.0f} MB", flush=True)
+    res["accuracy"] = estimate_accuracy(sc(20_000, scale))
     return res
+
+
+# State shapes whose per-key estimate estimate_accuracy checks.
+_SHAPES: Dict[str, Any] = {
+    "list of 10 ints": lambda i: [i * 1000 + j for j in range(10)],
+    "dict of 5 floats": lambda i: {f"f{j}": i * 1.5 + j for j in range(5)},
+    "1000 bytes": lambda i: bytes(1000) + str(i).encode(),
+    "int": lambda i: i * 100_000,
+    "tuple(str, 4 pairs)": lambda i: (f"user-{i}", [(j, f"v{j}-{i}") for j in range(4)]),
+}
+
+
+def estimate_accuracy(keys: int) -> Dict[str, Dict[str, float]]:
+    """Per state shape: what tracemalloc counts for ``keys`` keys and their
+    states held in one dict, a key, against the byte budget's estimate of a
+    key (which adds KEY_OVERHEAD_BYTES for the store's dict entries)."""
+    import tracemalloc
+
+    from millpond.livelimit import ByteBudget
+
+    out: Dict[str, Dict[str, float]] = {}
+    for name, make in _SHAPES.items():
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        states = {f"key-{i:07d}": make(i) for i in range(keys)}
+        counted = (tracemalloc.get_traced_memory()[0] - before) / keys
+        tracemalloc.stop()
+        budget = ByteBudget(1 << 40)
+        budget.keys_for([states])
+        assert budget.per_key is not None
+        out[name] = {"tracemalloc": counted, "estimate": budget.per_key, "ratio": budget.per_key / counted}
+        print(f"  {name:24s} tracemalloc {counted:6.0f} B a key, estimate {budget.per_key:6.0f} "
+              f"({budget.per_key / counted:.2f}x)", flush=True)
+    return out
 
 
 def fmt_report(out: Dict[str, Any]) -> str:
@@ -511,6 +548,9 @@ def fmt_report(out: Dict[str, Any]) -> str:
             lines.append(f"  {label:44s} {run['items_per_s']:10,.0f} {run['peak_rss_mb']:7.0f}MB {run['seconds']:8.1f}")
             for ln in run["live_log"]:
                 lines.append(f"      log: {ln}")
+        for name, a in bd.get("accuracy", {}).items():
+            lines.append(f"  estimate of a key, {name}: {a['estimate']:.0f} B against tracemalloc's "
+                         f"{a['tracemalloc']:.0f} B ({a['ratio']:.2f}x)")
     return "\n".join(lines)
 
 
