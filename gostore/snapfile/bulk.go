@@ -364,9 +364,20 @@ func (b *bulkConn) checkTypes(st uintptr, want []int32) error {
 	return nil
 }
 
+// foldChunkRows is how many of the recent table's rows one statement of a
+// fold moves. Inside a transaction SQLite keeps a statement journal of
+// every page a statement changes, so that the statement alone can be
+// undone, and it keeps that journal in memory (temp_store=MEMORY): one
+// statement moving a large recent table into a large snaps held a copy of
+// every page of snaps it touched, about 400 MB at the peak of a run with a
+// live-key limit (bench/live_limit.py, uniform keys). A statement per
+// chunk holds the pages of one chunk at most, and costs no more.
+const foldChunkRows = 256
+
 // fold moves the recent table's rows into snaps in one transaction (in
-// key order, so snaps is walked once) and returns how many moved.
-func (b *bulkConn) fold() (moved int64, err error) {
+// key order, so snaps is walked once), chunk rows a statement, and returns
+// how many moved.
+func (b *bulkConn) fold(chunk int) (moved int64, err error) {
 	if err := b.exec("BEGIN IMMEDIATE"); err != nil {
 		return 0, err
 	}
@@ -375,17 +386,126 @@ func (b *bulkConn) fold() (moved int64, err error) {
 			b.exec("ROLLBACK")
 		}
 	}()
-	// Rows move with their checksums: a row damaged in recent stays
-	// detectably damaged in snaps.
-	if err := b.exec(`INSERT OR REPLACE INTO snaps (step_id, state_key, epoch, key_group, value, crc)
-		SELECT step_id, state_key, epoch, key_group, value, crc FROM recent ORDER BY step_id, state_key, epoch`); err != nil {
+	bounds, err := b.foldBounds(chunk)
+	if err != nil {
 		return 0, err
 	}
-	moved = sqlite3.Xsqlite3_changes64(b.tls, b.db)
+	// Chunk i is the rows after bounds[i-1] up to bounds[i]; the last one
+	// has no upper bound.
+	var lo *gcKey
+	for i := 0; i <= len(bounds); i++ {
+		var hi *gcKey
+		if i < len(bounds) {
+			hi = &bounds[i]
+		}
+		n, err := b.foldChunk(lo, hi)
+		if err != nil {
+			return 0, err
+		}
+		moved += n
+		lo = hi
+	}
 	if err := b.exec(`DELETE FROM recent`); err != nil {
 		return 0, err
 	}
 	return moved, b.exec("COMMIT")
+}
+
+// foldBounds returns the primary key of every chunk-th row of the recent
+// table, in key order, leaving out the last row's.
+func (b *bulkConn) foldBounds(chunk int) ([]gcKey, error) {
+	st, err := b.cached(`SELECT step_id, state_key, epoch FROM recent ORDER BY step_id, state_key, epoch`)
+	if err != nil {
+		return nil, err
+	}
+	defer sqlite3.Xsqlite3_reset(b.tls, st)
+	var bounds []gcKey
+	for n := 1; ; n++ {
+		switch rc := sqlite3.Xsqlite3_step(b.tls, st); rc {
+		case sqlite3.SQLITE_ROW:
+		case sqlite3.SQLITE_DONE:
+			if len(bounds) > 0 && (n-1)%chunk == 0 {
+				bounds = bounds[:len(bounds)-1] // the last row: no chunk follows it
+			}
+			return bounds, nil
+		default:
+			return nil, b.errorf("list rows to fold", rc)
+		}
+		if n%chunk == 0 {
+			bounds = append(bounds, gcKey{
+				step:  string(b.columnBytes(st, 0, false)),
+				key:   string(b.columnBytes(st, 1, false)),
+				epoch: sqlite3.Xsqlite3_column_int64(b.tls, st, 2),
+			})
+		}
+	}
+}
+
+// foldChunk moves the rows of the recent table after lo up to hi (either
+// nil: no bound) into snaps and returns how many moved. Rows move with
+// their checksums: a row damaged in recent stays detectably damaged in
+// snaps.
+func (b *bulkConn) foldChunk(lo, hi *gcKey) (int64, error) {
+	// Row-value bounds make SQLite seek the primary key to the chunk's
+	// start rather than scan from the table's.
+	var where []string
+	if lo != nil {
+		where = append(where, `(step_id, state_key, epoch) > (?1, ?2, ?3)`)
+	}
+	if hi != nil {
+		where = append(where, `(step_id, state_key, epoch) <= (?4, ?5, ?6)`)
+	}
+	q := `INSERT OR REPLACE INTO snaps (step_id, state_key, epoch, key_group, value, crc)
+		SELECT step_id, state_key, epoch, key_group, value, crc FROM recent`
+	if len(where) > 0 {
+		q += ` WHERE ` + strings.Join(where, " AND ")
+	}
+	st, err := b.cached(q + ` ORDER BY step_id, state_key, epoch`)
+	if err != nil {
+		return 0, err
+	}
+	defer sqlite3.Xsqlite3_reset(b.tls, st)
+	if err := b.bindBounds(st, lo, hi); err != nil {
+		return 0, err
+	}
+	if rc := sqlite3.Xsqlite3_step(b.tls, st); rc != sqlite3.SQLITE_DONE {
+		return 0, b.errorf("fold recent rows into snaps of", rc)
+	}
+	return sqlite3.Xsqlite3_changes64(b.tls, b.db), nil
+}
+
+// bindBounds copies the bounds' step and key into the arena and binds lo
+// to st's parameters 1-3 and hi to 4-6 (either nil: not bound).
+func (b *bulkConn) bindBounds(st uintptr, lo, hi *gcKey) error {
+	size := 0
+	for _, k := range []*gcKey{lo, hi} {
+		if k != nil {
+			size += len(k.step) + len(k.key)
+		}
+	}
+	if err := b.reserve(size); err != nil {
+		return err
+	}
+	mem := unsafe.Slice((*byte)(cmem(b.arena)), b.size)
+	at := 0
+	text := func(i int32, s string) int32 {
+		n := copy(mem[at:], s)
+		rc := sqlite3.Xsqlite3_bind_text(b.tls, st, i, b.arena+uintptr(at), int32(n), sqlite3.SQLITE_STATIC)
+		at += n
+		return rc
+	}
+	var rc int32
+	for i, k := range []*gcKey{lo, hi} {
+		if k == nil {
+			continue
+		}
+		first := int32(3*i + 1)
+		rc |= text(first, k.step) | text(first+1, k.key) | sqlite3.Xsqlite3_bind_int64(b.tls, st, first+2, k.epoch)
+	}
+	if rc != sqlite3.SQLITE_OK {
+		return b.errorf("bind fold bounds of", rc)
+	}
+	return nil
 }
 
 // gc removes, in one transaction, every row superseded by a newer row

@@ -124,6 +124,10 @@ type File struct {
 	// gcChunk is how many keys GC lists at a time (0: the package's
 	// gcChunk); tests make it small to cross chunk boundaries.
 	gcChunk int
+	// foldChunk is how many rows a statement of FoldRecent moves (0: the
+	// package's foldChunkRows); tests make it small to cross chunk
+	// boundaries.
+	foldChunk int
 	// metaDirty tells that meta holds a change (NoteCommitted) not yet
 	// written: the next Write carries it, or FlushMeta or Close.
 	metaDirty bool

@@ -178,12 +178,13 @@ func TestBufferedStoreMatchesAModel(t *testing.T) {
 			f, err := Create(ctx, path, testMeta(), Options{})
 			require.NoError(t, err)
 			defer func() { f.Close() }()
-			// Odd seeds collect a few keys at a time, across chunks.
+			// Odd seeds collect and fold a few keys at a time, across
+			// chunks.
 			chunk := 0
 			if seed%2 == 1 {
 				chunk = 1 + int(seed)
 			}
-			f.gcChunk = chunk
+			f.gcChunk, f.foldChunk = chunk, chunk
 			type pk struct {
 				key   string
 				epoch int64
@@ -257,7 +258,7 @@ func TestBufferedStoreMatchesAModel(t *testing.T) {
 					require.NoError(t, f.Close())
 					f, err = Open(ctx, path, Options{})
 					require.NoError(t, err)
-					f.gcChunk = chunk
+					f.gcChunk, f.foldChunk = chunk, chunk
 				}
 				// Reads: the newest row per key, live or deleted.
 				want := map[string]string{}
@@ -286,6 +287,64 @@ func TestBufferedStoreMatchesAModel(t *testing.T) {
 				}
 			}
 			assert.Positive(t, buffered, "some writes went through the buffer")
+		})
+	}
+}
+
+// A fold moves the recent table a chunk of rows per statement: whatever
+// the chunk size, every row moves once, across steps, keys and epochs, a
+// row in recent replaces the snaps row of the same key and epoch, and
+// nothing else of snaps changes.
+func TestFoldMovesEveryChunk(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct{ rows, chunk int }{
+		{1, 1}, {2, 1}, {5, 2}, {6, 2}, {7, 3}, {9, 3}, {10, 3}, {255, 256}, {256, 256}, {257, 256}, {600, 256},
+	} {
+		t.Run(fmt.Sprintf("%d rows, chunks of %d", tc.rows, tc.chunk), func(t *testing.T) {
+			f := newFile(t)
+			base(t, f, 2000)
+			f.foldChunk = tc.chunk
+			want := scanAll(t, f, ScanOptions{ChunkRows: 500})
+			rows := make([]rowbatch.Row, 0, tc.rows)
+			for i := 0; len(rows) < tc.rows; i++ {
+				// Two steps, some keys of the base (epoch 1 replaced in
+				// place, or a newer epoch), some new, a deletion now and then.
+				step, key, epoch := "s", fmt.Sprintf("k%05d", (i*7)%2000), int64(1+i%3)
+				if i%5 == 4 {
+					step, key = "t", fmt.Sprintf("n%04d", i)
+				}
+				v := fmt.Sprintf("%s/%s@%d", step, key, epoch)
+				if i%11 == 10 {
+					rows = append(rows, del(step, key, epoch))
+				} else {
+					rows = append(rows, row(step, key, epoch, v))
+				}
+			}
+			// Small batches, so that every row goes to the recent table.
+			for start := 0; start < len(rows); start += 20 {
+				batch := rows[start:min(start+20, len(rows))]
+				_, err := f.Write(ctx, batch)
+				require.NoError(t, err)
+			}
+			require.Equal(t, int64(len(rows)), f.RecentRows())
+			before := scanAll(t, f, ScanOptions{ChunkRows: 500})
+
+			moved, err := f.FoldRecent(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, int64(len(rows)), moved)
+			var left int
+			require.NoError(t, f.db.QueryRowContext(ctx, `SELECT count(*) FROM recent`).Scan(&left))
+			assert.Zero(t, left)
+			assert.Equal(t, before, scanAll(t, f, ScanOptions{ChunkRows: 500}), "folding changes no reading")
+			// What changed against the base is exactly what was written.
+			for _, r := range rows {
+				if r.Deleted {
+					delete(want, r.StepID+"/"+r.Key)
+				} else {
+					want[r.StepID+"/"+r.Key] = string(r.Value)
+				}
+			}
+			assert.Equal(t, want, before)
 		})
 	}
 }
@@ -335,6 +394,11 @@ func TestEpochIndexIsBuiltAfterTheFirstWrite(t *testing.T) {
 	assert.True(t, f.IndexPending(), "the first write skipped the index")
 	require.NoError(t, f.EnsureIndex(ctx))
 	assert.False(t, f.IndexPending())
+	// The index sorts through temporary files; the connection then goes
+	// back to keeping temporary data in memory (2).
+	var store int
+	require.NoError(t, f.db.QueryRowContext(ctx, `PRAGMA temp_store`).Scan(&store))
+	assert.Equal(t, 2, store)
 
 	g := newFile(t)
 	base(t, g, 3000)
