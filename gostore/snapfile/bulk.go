@@ -192,32 +192,23 @@ func (b *bulkConn) bindAndStep(st uintptr, rows []rowbatch.Row, chunk []int32, g
 		r := &rows[i]
 		need += len(r.StepID) + len(r.Key) + len(r.Value)
 	}
-	if err := b.reserve(need); err != nil {
+	arena, err := b.arenaFor(st, need)
+	if err != nil {
 		return err
-	}
-	mem := unsafe.Slice((*byte)(cmem(b.arena)), b.size)
-	off := 0
-	text := func(param int32, s string) int32 {
-		n := copy(mem[off:], s)
-		rc := sqlite3.Xsqlite3_bind_text(b.tls, st, param, b.arena+uintptr(off), int32(n), sqlite3.SQLITE_STATIC)
-		off += n
-		return rc
 	}
 	for j, i := range chunk {
 		r := &rows[i]
 		p := int32(j*rowParams + 1)
 		group := int64(keygroup.Of(r.Key, groups))
 		sum := rowCRC(&b.crc, strBytes(r.StepID), strBytes(r.Key), r.Epoch, group, r.Deleted, r.Value)
-		rc := text(p, r.StepID) | text(p+1, r.Key) |
+		rc := arena.text(p, r.StepID) | arena.text(p+1, r.Key) |
 			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+2, r.Epoch) |
 			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+3, group) |
 			sqlite3.Xsqlite3_bind_int64(b.tls, st, p+5, int64(sum))
 		if r.Deleted {
 			rc |= sqlite3.Xsqlite3_bind_null(b.tls, st, p+4)
 		} else {
-			n := copy(mem[off:], r.Value)
-			rc |= sqlite3.Xsqlite3_bind_blob(b.tls, st, p+4, b.arena+uintptr(off), int32(n), sqlite3.SQLITE_STATIC)
-			off += n
+			rc |= arena.blob(p+4, r.Value)
 		}
 		if rc != sqlite3.SQLITE_OK {
 			return b.errorf("bind row", rc)
@@ -483,16 +474,9 @@ func (b *bulkConn) bindBounds(st uintptr, lo, hi *gcKey) error {
 			size += len(k.step) + len(k.key)
 		}
 	}
-	if err := b.reserve(size); err != nil {
+	arena, err := b.arenaFor(st, size)
+	if err != nil {
 		return err
-	}
-	mem := unsafe.Slice((*byte)(cmem(b.arena)), b.size)
-	at := 0
-	text := func(i int32, s string) int32 {
-		n := copy(mem[at:], s)
-		rc := sqlite3.Xsqlite3_bind_text(b.tls, st, i, b.arena+uintptr(at), int32(n), sqlite3.SQLITE_STATIC)
-		at += n
-		return rc
 	}
 	var rc int32
 	for i, k := range []*gcKey{lo, hi} {
@@ -500,7 +484,7 @@ func (b *bulkConn) bindBounds(st uintptr, lo, hi *gcKey) error {
 			continue
 		}
 		first := int32(3*i + 1)
-		rc |= text(first, k.step) | text(first+1, k.key) | sqlite3.Xsqlite3_bind_int64(b.tls, st, first+2, k.epoch)
+		rc |= arena.text(first, k.step) | arena.text(first+1, k.key) | sqlite3.Xsqlite3_bind_int64(b.tls, st, first+2, k.epoch)
 	}
 	if rc != sqlite3.SQLITE_OK {
 		return b.errorf("bind fold bounds of", rc)
@@ -673,14 +657,47 @@ func (b *bulkConn) stepKeyed(st uintptr, step, key string, epoch int64) (int64, 
 // bindStepKey copies step and key into the arena and binds them to st's
 // parameters 1 and 2; it returns SQLite's result codes or-ed together.
 func (b *bulkConn) bindStepKey(st uintptr, step, key string) (int32, error) {
-	if err := b.reserve(len(step) + len(key)); err != nil {
+	arena, err := b.arenaFor(st, len(step)+len(key))
+	if err != nil {
 		return 0, err
 	}
-	mem := unsafe.Slice((*byte)(cmem(b.arena)), b.size)
-	n := copy(mem, step)
-	copy(mem[n:], key)
-	return sqlite3.Xsqlite3_bind_text(b.tls, st, 1, b.arena, int32(len(step)), sqlite3.SQLITE_STATIC) |
-		sqlite3.Xsqlite3_bind_text(b.tls, st, 2, b.arena+uintptr(n), int32(len(key)), sqlite3.SQLITE_STATIC), nil
+	return arena.text(1, step) | arena.text(2, key), nil
+}
+
+// arenaBinder copies values one after another into a bulk connection's
+// arena and binds each to a statement's parameter where it lies
+// (SQLITE_STATIC: SQLite reads the arena in place, so nothing may reserve
+// it again until the statement has stepped).
+type arenaBinder struct {
+	b   *bulkConn
+	st  uintptr
+	mem []byte
+	off int
+}
+
+// arenaFor reserves n bytes of the arena for values bound to st.
+func (b *bulkConn) arenaFor(st uintptr, n int) (arenaBinder, error) {
+	if err := b.reserve(n); err != nil {
+		return arenaBinder{}, err
+	}
+	return arenaBinder{b: b, st: st, mem: unsafe.Slice((*byte)(cmem(b.arena)), b.size)}, nil
+}
+
+// text binds s to parameter param; it returns SQLite's result code.
+func (a *arenaBinder) text(param int32, s string) int32 {
+	n := copy(a.mem[a.off:], s)
+	rc := sqlite3.Xsqlite3_bind_text(a.b.tls, a.st, param, a.b.arena+uintptr(a.off), int32(n), sqlite3.SQLITE_STATIC)
+	a.off += n
+	return rc
+}
+
+// blob binds v to parameter param as a blob (never NULL: an empty v binds
+// the arena's non-NULL pointer); it returns SQLite's result code.
+func (a *arenaBinder) blob(param int32, v []byte) int32 {
+	n := copy(a.mem[a.off:], v)
+	rc := sqlite3.Xsqlite3_bind_blob(a.b.tls, a.st, param, a.b.arena+uintptr(a.off), int32(n), sqlite3.SQLITE_STATIC)
+	a.off += n
+	return rc
 }
 
 // cached returns the prepared statement for q, preparing it once.
