@@ -3,7 +3,10 @@ package snapfile
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/millpond/millpond/gostore/rowbatch"
@@ -144,4 +147,76 @@ func BenchmarkVerify1M(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkFoldRecent folds 20k rows of the recent table, scattered over
+// a 200k-row snaps, in statements of foldChunkRows rows and in one
+// statement (what the fold did before); peak-MiB is how far the process's
+// resident memory rose above where it was as the fold began (Linux), most
+// of it the statement journal SQLite keeps in memory of every page a
+// statement changes inside a transaction.
+func BenchmarkFoldRecent(b *testing.B) {
+	ctx := context.Background()
+	for _, bc := range []struct {
+		name  string
+		chunk int
+	}{{"chunked", 0}, {"one-statement", 1 << 30}} {
+		b.Run(bc.name, func(b *testing.B) {
+			var peak, rows int64
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				f := benchStore(b, 200_000)
+				f.foldChunk = bc.chunk
+				// Small batches, every tenth key: each lands in recent.
+				for start := 0; start < 200_000; start += 10_000 {
+					batch := make([]rowbatch.Row, 0, 1000)
+					for k := start; k < start+10_000; k += 10 {
+						batch = append(batch, rowbatch.Row{StepID: "flow.step", Key: fmt.Sprintf("key-%028d", k),
+							Epoch: 2, Value: []byte(fmt.Sprintf("value-two-%010d", k))})
+					}
+					if _, err := f.Write(ctx, batch); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if f.RecentRows() != 20_000 {
+					b.Fatalf("recent holds %d rows, want 20000", f.RecentRows())
+				}
+				// Writing 5 to clear_refs resets the peak (VmHWM) to now.
+				if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+					b.Skipf("cannot reset the peak resident memory: %v", err)
+				}
+				before := procStatusKiB(b, "VmRSS")
+				b.StartTimer()
+				n, err := f.FoldRecent(ctx)
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				rows += n
+				peak = max(peak, procStatusKiB(b, "VmHWM")-before)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(rows), "ns/row")
+			b.ReportMetric(float64(peak)/1024, "peak-MiB")
+		})
+	}
+}
+
+// procStatusKiB reads a "Name: N kB" line of /proc/self/status.
+func procStatusKiB(b *testing.B, name string) int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Skipf("no /proc/self/status: %v", err)
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+":"); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				b.Fatalf("%s in /proc/self/status: %v", name, err)
+			}
+			return n
+		}
+	}
+	b.Fatalf("no %s in /proc/self/status", name)
+	return 0
 }
