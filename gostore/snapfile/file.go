@@ -128,6 +128,9 @@ type File struct {
 	// package's foldChunkRows); tests make it small to cross chunk
 	// boundaries.
 	foldChunk int
+	// indexFaults, when set, fails EnsureIndex's build with the error it
+	// returns for a temp_store setting (tests: no temporary directory).
+	indexFaults func(store string) error
 	// metaDirty tells that meta holds a change (NoteCommitted) not yet
 	// written: the next Write carries it, or FlushMeta or Close.
 	metaDirty bool

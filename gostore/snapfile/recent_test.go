@@ -422,6 +422,56 @@ func TestEpochIndexIsBuiltAfterTheFirstWrite(t *testing.T) {
 	assert.Empty(t, scanAll(t, h, ScanOptions{}))
 }
 
+// Where SQLite cannot write a temporary file (no writable temporary
+// directory, a full one), the epoch index is sorted in memory instead; if
+// that fails too, the error names the file, and the index stays pending.
+func TestEpochIndexFallsBackToMemoryWithoutTemporaryFiles(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		failed map[string]bool
+		built  bool
+	}{
+		{"files work", nil, true},
+		{"no temporary directory", map[string]bool{"FILE": true}, true},
+		{"neither works", map[string]bool{"FILE": true, "MEMORY": true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFile(t)
+			base(t, f, 3000)
+			var tried []string
+			f.indexFaults = func(store string) error {
+				tried = append(tried, store)
+				if tc.failed[store] {
+					return fmt.Errorf("unable to open a temporary file (%s)", store)
+				}
+				return nil
+			}
+			err := f.EnsureIndex(ctx)
+			var store int
+			require.NoError(t, f.db.QueryRowContext(ctx, `PRAGMA temp_store`).Scan(&store))
+			assert.Equal(t, 2, store, "the connection keeps its journals in memory again")
+			if !tc.built {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), f.path)
+				assert.True(t, f.IndexPending())
+				assert.Equal(t, []string{"FILE", "MEMORY"}, tried)
+				return
+			}
+			require.NoError(t, err)
+			assert.False(t, f.IndexPending())
+			assert.Equal(t, "FILE", tried[0], "files first")
+			var idx int
+			require.NoError(t, f.db.QueryRowContext(ctx,
+				`SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'snaps_by_epoch'`).Scan(&idx))
+			assert.Equal(t, 1, idx)
+			n, err := f.DeleteFrom(ctx, 1)
+			require.NoError(t, err)
+			assert.Equal(t, int64(3000), n, "the index serves a rollback")
+		})
+	}
+}
+
 // countingCtx counts the calls of Err and, once limit of them were
 // answered, reports the context as cancelled.
 type countingCtx struct {
