@@ -3,6 +3,7 @@ package snapfile
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -166,7 +167,8 @@ func (f *File) EnsureIndex(ctx context.Context) error {
 		if err = f.indexFault(store); err == nil {
 			_, err = conn.ExecContext(ctx, epochIndex)
 		}
-		if err == nil || ctx.Err() != nil {
+		// A damaged file fails the same way in memory: no second sort.
+		if err == nil || ctx.Err() != nil || errors.Is(classify(f.path, "index", err), ErrDamaged) {
 			break
 		}
 	}
