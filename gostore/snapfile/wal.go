@@ -1,0 +1,167 @@
+package snapfile
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Checking the write-ahead log a killed process left. When SQLite first
+// opens a file after a crash it replays the log's frames up to the first
+// one whose checksum fails, and drops that frame and every later one. For
+// a torn write at the end of the log that is right. For a frame damaged in
+// the middle it is not: a checkpoint may already have copied the dropped
+// frames' pages into the database file, while older versions of other
+// pages stay in the log's valid part, so the file SQLite then shows mixes
+// two transactions. Rows of such a file pass their checksums (each one is
+// a row that was written), yet a key can read an older state or none, and
+// the b-tree can be out of order. So a file is not opened for writing
+// while its log holds a frame of the current log that fails its checksum.
+
+const (
+	walHeaderSize      = 32
+	walFrameHeaderSize = 24
+	walMagicLE         = 0x377f0682 // checksums over little-endian words
+	walMagicBE         = 0x377f0683 // checksums over big-endian words
+	walFormat          = 3007000
+)
+
+// walSum is the running checksum of a write-ahead log: two 32-bit sums
+// over pairs of words, carried from the header through every frame.
+type walSum struct {
+	s0, s1 uint32
+	little bool // the words are little-endian (else big-endian)
+}
+
+// add folds b (a multiple of 8 bytes long) into the sum. The two byte
+// orders get a loop each: through the binary.ByteOrder interface the loop
+// ran at a third of the speed.
+func (c *walSum) add(b []byte) {
+	s0, s1 := c.s0, c.s1
+	if c.little {
+		for ; len(b) >= 8; b = b[8:] {
+			s0 += binary.LittleEndian.Uint32(b) + s1
+			s1 += binary.LittleEndian.Uint32(b[4:]) + s0
+		}
+	} else {
+		for ; len(b) >= 8; b = b[8:] {
+			s0 += binary.BigEndian.Uint32(b) + s1
+			s1 += binary.BigEndian.Uint32(b[4:]) + s0
+		}
+	}
+	c.s0, c.s1 = s0, s1
+}
+
+// matches reports whether the sum equals the big-endian pair stored in b.
+func (c *walSum) matches(b []byte) bool {
+	return c.s0 == binary.BigEndian.Uint32(b) && c.s1 == binary.BigEndian.Uint32(b[4:])
+}
+
+// checkWAL refuses (with an error wrapping ErrDamaged) the write-ahead log
+// of the database at path when SQLite would drop frames a checkpoint may
+// have copied already: a log whose header is damaged while frames follow
+// it, or one where a frame that fails its check (its salts are not the
+// header's, or its checksum fails) comes before a frame of the current log
+// (the header's salts). The process writes frames in order, so a kill
+// leaves at most the last frame of the current log bad (its header written
+// over stale bytes, the page not yet): that is a transaction that never
+// committed, and no checkpoint copied it. Frames of an earlier round of
+// the log (other salts) after the valid ones are what SQLite leaves when
+// it starts the log over. A missing or empty log is fine. What this cannot
+// tell from a torn write is a damaged last frame; a checkpoint copies a
+// transaction only once its last frame is written, which leaves a window
+// between that copy and the next transaction.
+//
+// It must run before any connection opens the file: the first one replays
+// the log, and its checkpoint would fold the mixed pages in for good.
+func checkWAL(path string) error {
+	walPath := path + "-wal"
+	fh, err := os.Open(walPath)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check write-ahead log %s: %w", walPath, err)
+	}
+	defer fh.Close()
+	st, err := fh.Stat()
+	if err != nil {
+		return fmt.Errorf("check write-ahead log %s: %w", walPath, err)
+	}
+	size := st.Size()
+	if size < walHeaderSize {
+		return nil
+	}
+	r := bufio.NewReaderSize(fh, 1<<20)
+	hdr := make([]byte, walHeaderSize)
+	if _, err := io.ReadFull(r, hdr); err != nil {
+		return fmt.Errorf("check write-ahead log %s: %w", walPath, err)
+	}
+	sum, pageSize, ok := walHeader(hdr)
+	if !ok {
+		// Without a valid header SQLite ignores the whole log. The
+		// smallest frame is 24 bytes of header and a 512-byte page.
+		if size >= walHeaderSize+walFrameHeaderSize+512 {
+			return damagedf(path, "the header of its write-ahead log %s is damaged, so SQLite would drop all %d bytes of frames after it", walPath, size-walHeaderSize)
+		}
+		return nil
+	}
+	salts := hdr[16:24]
+	frameSize := int64(walFrameHeaderSize + pageSize)
+	frames := (size - walHeaderSize) / frameSize
+	frame := make([]byte, frameSize)
+	bad := int64(-1) // the first frame SQLite would not replay
+	for i := int64(0); i < frames; i++ {
+		if _, err := io.ReadFull(r, frame); err != nil {
+			return fmt.Errorf("check write-ahead log %s: frame %d: %w", walPath, i, err)
+		}
+		current := string(frame[8:16]) == string(salts)
+		if bad >= 0 {
+			if current {
+				return damagedf(path, "frame %d of its write-ahead log %s (byte %d) is damaged, so SQLite would drop it and the frames after it (frame %d is one of the current log), whose pages a checkpoint may already have copied into the file",
+					bad, walPath, walHeaderSize+bad*frameSize, i)
+			}
+			continue
+		}
+		if current && binary.BigEndian.Uint32(frame) != 0 {
+			sum.add(frame[:8])
+			sum.add(frame[walFrameHeaderSize:])
+			if sum.matches(frame[16:24]) {
+				continue
+			}
+		}
+		bad = i
+	}
+	return nil
+}
+
+// walHeader checks a write-ahead log's header and returns the checksum it
+// starts the frames with and the page size.
+func walHeader(hdr []byte) (walSum, int, bool) {
+	var sum walSum
+	switch binary.BigEndian.Uint32(hdr) {
+	case walMagicLE:
+		sum.little = true
+	case walMagicBE:
+	default:
+		return sum, 0, false
+	}
+	if binary.BigEndian.Uint32(hdr[4:]) != walFormat {
+		return sum, 0, false
+	}
+	pageSize := int(binary.BigEndian.Uint32(hdr[8:]))
+	if pageSize == 1 {
+		pageSize = 65536
+	}
+	if pageSize < 512 || pageSize > 65536 || pageSize&(pageSize-1) != 0 {
+		return sum, 0, false
+	}
+	sum.add(hdr[:24])
+	if !sum.matches(hdr[24:32]) {
+		return sum, 0, false
+	}
+	return sum, pageSize, true
+}
