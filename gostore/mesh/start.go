@@ -172,6 +172,7 @@ func (m *Mesh) notJoined() error {
 	var names []string
 	var last error
 	var lastAt time.Time
+	connecting := false
 	within := formatDuration(m.s.StartTimeout)
 	for _, p := range m.remote() {
 		if p.outUp && p.inUp {
@@ -190,6 +191,11 @@ func (m *Mesh) notJoined() error {
 		if p.lastErr != nil && !p.outUp && p.lastErrAt.After(lastAt) {
 			last, lastAt = p.lastErr, p.lastErrAt
 		}
+		if !p.outUp && p.lastErr == nil {
+			// Its first attempt has not ended: a slow machine, or a
+			// peer that accepted just now and has not answered yet.
+			connecting = true
+		}
 	}
 	who := "process " + names[0]
 	if len(names) > 1 {
@@ -198,6 +204,9 @@ func (m *Mesh) notJoined() error {
 	refused := ""
 	if m.tlsRefusal != "" {
 		refused = "; " + m.tlsRefusal
+	}
+	if last == nil && connecting {
+		return errorf(ErrNotJoined, nil, "%s did not join within %s (this process's first connection to them had not been answered yet)%s", who, within, refused)
 	}
 	if last == nil {
 		return errorf(ErrNotJoined, nil, "%s did not join within %s (this process reached them, they did not connect back)%s", who, within, refused)
