@@ -6,6 +6,7 @@ import csv
 import io
 import os
 import tempfile
+import zlib
 from pathlib import Path
 from typing import List
 
@@ -325,7 +326,10 @@ def test_file_sink_snapshot_is_bytes_written(tmp_path):
     path = tmp_path / "o.txt"
     part = FileSink(path).build_part("out", str(path), None)
     part.write_batch(["é"])
-    assert part.snapshot() == len("é\n".encode("utf-8"))
+    offset, token, fingerprint = part.snapshot()
+    assert offset == len("é\n".encode("utf-8"))
+    assert isinstance(token, bytes) and len(token) == 16
+    assert fingerprint == zlib.crc32("é\n".encode("utf-8"))
     # The snapshot promises the bytes are on disk, visible to a new reader.
     assert path.read_bytes() == "é\n".encode("utf-8")
 
@@ -349,6 +353,172 @@ def test_file_sink_refuses_to_resume_past_end_of_file(tmp_path):
     path.write_text("ab")
     with pytest.raises(ValueError, match="truncated or replaced"):
         FileSink(path).build_part("out", str(path), 10)
+    with pytest.raises(ValueError, match="truncated or replaced"):
+        FileSink(path).build_part("out", str(path), (10, b"t" * 16, 0))
+    assert path.read_text() == "ab"
+
+
+def test_file_sink_refuses_a_file_rewritten_since_the_snapshot(tmp_path):
+    path = tmp_path / "o.txt"
+    part = FileSink(path).build_part("out", str(path), None)
+    part.write_batch(["one", "two"])
+    snap = part.snapshot()
+    part.commit(1)
+    part.close()
+    path.write_text("ONE\ntwo\nmore\n")
+    with pytest.raises(ValueError, match=r"o\.txt: the bytes before byte 8 are not those"):
+        FileSink(path).build_part("out", str(path), snap)
+    assert path.read_text() == "ONE\ntwo\nmore\n", "a refused resume changed the file"
+
+
+def test_file_sink_resumes_from_a_plain_offset_of_older_snapshots(tmp_path):
+    path = tmp_path / "o.txt"
+    path.write_text("a\nb\n")
+    part = FileSink(path).build_part("out", str(path), 2)
+    part.write_batch(["c"])
+    part.close()
+    assert path.read_text() == "a\nc\n"
+
+
+# --- FileSink: what a resume cuts off is kept until the run commits ----------------
+
+
+def _undo_files(path: Path) -> List[str]:
+    return sorted(p.name for p in path.parent.iterdir() if p.name.startswith(f".{path.name}.millpond-undo"))
+
+
+def _committed_run(path: Path, lines: List[str]) -> "tuple[object, object]":
+    """A run that writes ``lines`` one batch each, snapshotting after each;
+    returns the snapshots after the first and the last batch."""
+    part = FileSink(path).build_part("out", str(path), None)
+    snaps = []
+    for line in lines:
+        part.write_batch([line])
+        snaps.append(part.snapshot())
+    part.commit(1)
+    part.close()
+    return snaps[0], snaps[-1]
+
+
+@pytest.mark.parametrize("wrong_state", ["older", "none"])
+def test_file_sink_puts_back_what_a_resume_from_a_wrong_state_cut_off(tmp_path, wrong_state):
+    """A run handed an older state (or none) by a damaged local store cuts
+    committed output off; it commits nothing (the store's check stops it),
+    and the next resume, from the right state, finds the file as it was."""
+    path = tmp_path / "o.txt"
+    old, committed = _committed_run(path, ["1", "2", "3"])
+    bad = FileSink(path).build_part("out", str(path), old if wrong_state == "older" else None)
+    assert path.read_text() == ("1\n" if wrong_state == "older" else "")
+    bad.write_batch(["x", "y", "z", "w"])  # replayed from the wrong state
+    bad.close()  # stopped before any commit
+    good = FileSink(path).build_part("out", str(path), committed)
+    assert path.read_text() == "1\n2\n3\n"
+    good.write_batch(["4"])
+    good.commit(2)
+    good.close()
+    assert path.read_text() == "1\n2\n3\n4\n"
+    assert _undo_files(path) == [], "the record outlived the commit"
+
+
+def test_file_sink_keeps_the_cut_of_a_run_that_committed(tmp_path):
+    """A run whose commit landed but that was killed before it dropped its
+    record: the resume state carries that run's token, and its writes stay."""
+    path = tmp_path / "o.txt"
+    first, _ = _committed_run(path, ["1", "2", "3"])
+    run = FileSink(path).build_part("out", str(path), first)
+    run.write_batch(["b"])
+    committed = run.snapshot()  # this epoch commits; the kill comes before commit()
+    run.write_batch(["uncommitted"])
+    run.close()
+    assert _undo_files(path), "the record is kept until the commit"
+    again = FileSink(path).build_part("out", str(path), committed)
+    assert path.read_text() == "1\nb\n"
+    again.close()
+
+
+def test_file_sink_undo_survives_a_second_run_that_commits_nothing(tmp_path):
+    """Two runs in a row resume from a wrong state and commit nothing: the
+    file still comes back as the last committing run left it."""
+    path = tmp_path / "o.txt"
+    old, committed = _committed_run(path, ["1", "2", "3"])
+    for state in (old, None):
+        bad = FileSink(path).build_part("out", str(path), state)
+        bad.write_batch(["junk"])
+        bad.close()
+    good = FileSink(path).build_part("out", str(path), committed)
+    good.close()
+    assert path.read_text() == "1\n2\n3\n"
+
+
+@pytest.mark.parametrize("left", ["description only", "data only", "damaged description"])
+def test_file_sink_ignores_an_incomplete_undo_record(tmp_path, left):
+    """A kill while the record was being made leaves part of it, and the
+    file untouched: the part is removed and the file used as it is."""
+    path = tmp_path / "o.txt"
+    old, committed = _committed_run(path, ["1", "2", "3"])
+    bad = FileSink(path).build_part("out", str(path), old)
+    bad.close()
+    data = path.with_name(f".{path.name}.millpond-undo")
+    meta = data.with_name(data.name + ".meta")
+    path.write_text("1\n2\n3\n")  # as the file was before the cut
+    if left == "description only":
+        data.unlink()
+    elif left == "data only":
+        meta.unlink()
+    else:
+        raw = bytearray(meta.read_bytes())
+        raw[20] ^= 1
+        meta.write_bytes(bytes(raw))
+    good = FileSink(path).build_part("out", str(path), committed)
+    good.close()
+    assert path.read_text() == "1\n2\n3\n"
+    assert _undo_files(path) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(runs=st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=6))
+def test_file_sink_output_is_what_the_committed_runs_wrote(runs):
+    """Runs resume either from the committed state (then write and may
+    commit) or from a wrong one (older, or none; then write and never
+    commit). After a last resume from the committed state, the file holds
+    exactly the committed output; or, only when a run was killed between
+    its commit and dropping its undo record and a later one resumed from a
+    wrong state (the record can then not tell), a resume refuses the file."""
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "o.txt"
+        committed: object = None
+        history: List[object] = [None]  # every committed state so far
+        expected = ""
+        window = False  # a commit whose record was not dropped
+        double_fault = False
+        try:
+            for n, (wrong, back, writes) in enumerate(runs):
+                state = history[max(0, len(history) - 1 - back)] if wrong else committed
+                if wrong and back == 0:
+                    state = None
+                double_fault = double_fault or (wrong and window)
+                part = FileSink(path).build_part("out", str(path), state)
+                lines = [f"r{n}-{i}" for i in range(writes)]
+                for line in lines:
+                    part.write_batch([line])
+                if not wrong and writes:
+                    committed = part.snapshot()
+                    history.append(committed)
+                    expected += "".join(line + "\n" for line in lines)
+                    if n % 2:
+                        part.commit(n)
+                        window = False
+                    else:
+                        window = True  # killed between the commit and commit()
+                part.write_batch(["uncommitted"])
+                part.close()
+            last = FileSink(path).build_part("out", str(path), committed)
+            last.close()
+        except ValueError as ex:
+            assert double_fault, f"refused without a double fault: {ex}"
+            assert "o.txt" in str(ex)
+            return
+        assert path.read_text() == expected
 
 
 def test_file_sink_rejects_non_str_values_naming_the_file(tmp_path):

@@ -13,7 +13,11 @@ writing. A flow from file sources to file sinks therefore produces exactly
 the output of a run that never failed, whatever instant it was killed at.
 
 A sink that starts *without* resume state (a fresh run, or recovery off)
-truncates its file to empty: each run rewrites the output.
+truncates its file to empty: each run rewrites the output. What a sink cuts
+off is kept in a hidden undo record beside its file until the run commits
+an epoch, so a run that resumed from a wrong state (a damaged local store)
+can be undone by the next; a resume whose file does not hold the bytes its
+snapshot says were written fails, naming the file.
 
 Example::
 
@@ -39,8 +43,9 @@ import logging
 import os
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
+from millpond.connectors import _undo
 from millpond.inputs import FixedPartitionedSource, StatefulSourcePartition
 from millpond.outputs import FixedPartitionedSink, StatefulSinkPartition
 
@@ -62,6 +67,14 @@ logger = logging.getLogger("millpond")
 #: resume tells that the file changed. A plain offset (older snapshots) is
 #: resumed without the check.
 SourcePosition = Union[int, Tuple[int, int]]
+
+#: A file sink partition's resume state: the byte length of its file, the
+#: token of the run that wrote it (which tells a resume whether that run's
+#: undo record still applies) and a CRC-32 of the bytes before that length
+#: (at most ``_PRINT_BYTES``), by which a resume tells that the file does
+#: not hold what was written. A plain length (older snapshots) is resumed
+#: without either.
+SinkPosition = Union[int, Tuple[int, bytes, int]]
 
 #: How many bytes before the resume offset the fingerprint covers.
 _PRINT_BYTES = 4096
@@ -484,28 +497,52 @@ class CSVSource(_OneFile, FixedPartitionedSource[Dict[str, Any], SourcePosition]
         return _CSVPartition(self._path, self._batch_size, resume_state, self._fmtparams)
 
 
-class _FileSinkPartition(StatefulSinkPartition[str, int]):
+class _FileSinkPartition(StatefulSinkPartition[str, SinkPosition]):
     """Appends values, flushed per batch; the resume state is the byte
-    length of the file (flushed and fsynced when snapshotted)."""
+    length of the file (flushed and fsynced when snapshotted), this run's
+    token and a fingerprint of the bytes before that length, which a resume
+    checks. What a resume cuts off the file is kept in an undo record
+    until the run commits an epoch (see ``_undo``); the runtime says when,
+    through ``commit`` (the two-phase protocol, without its deferred
+    output: written values are visible at once)."""
 
-    def __init__(self, path: Path, end: str, resume_state: Optional[int]) -> None:
+    def __init__(self, path: Path, end: str, resume_state: Optional[SinkPosition]) -> None:
         self._path = path
         self._end = end
+        self._token = _undo.new_token()
+        self._undo_kept = True  # until an epoch of this run commits
+        if isinstance(resume_state, int):
+            offset, token, expected = resume_state, None, None
+        else:
+            offset, token, expected = resume_state or (0, None, None)
         path.parent.mkdir(parents=True, exist_ok=True)
+        # A run that truncated this file and committed nothing since may
+        # have resumed from a wrong state: put the file back first.
+        _undo.settle(path, token)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        self._f = os.fdopen(fd, "r+b")
-        offset = resume_state or 0
-        size = os.fstat(fd).st_size
-        if offset > size:
-            self._f.close()
-            raise ValueError(
-                f"{path}: the snapshot says {offset} bytes were written but the file has "
-                f"only {size}; it was truncated or replaced since, so resuming would lose output"
-            )
-        # Drop whatever the failed run wrote after the last committed epoch;
-        # the replayed input writes it again.
-        self._f.truncate(offset)
-        self._f.seek(offset)
+        f: BinaryIO = os.fdopen(fd, "r+b")
+        try:
+            size = os.fstat(fd).st_size
+            if offset > size:
+                raise ValueError(
+                    f"{path}: the snapshot says {offset} bytes were written but the file has "
+                    f"only {size}; it was truncated or replaced since, so resuming would lose output"
+                )
+            if expected is not None and _fingerprint(f, offset) != expected:
+                raise ValueError(
+                    f"{path}: the bytes before byte {offset} are not those the snapshot says were "
+                    "written; the file was rewritten or replaced since, so resuming would mix two outputs. "
+                    "Restore the file, or remove it and the flow's recovery state to start over"
+                )
+            # Drop whatever the failed run wrote after the last committed
+            # epoch (a fresh run: everything); the replayed input writes it
+            # again.
+            f = _undo.truncate(path, f, offset, self._token)
+        except BaseException:
+            f.close()
+            raise
+        self._f = f
+        f.seek(offset)
 
     def write_batch(self, values: List[str]) -> None:
         end = self._end
@@ -524,10 +561,21 @@ class _FileSinkPartition(StatefulSinkPartition[str, int]):
         # recovery, bytes past the last snapshot are truncated on resume.
         f.flush()
 
-    def snapshot(self) -> int:
+    def snapshot(self) -> SinkPosition:
         self._f.flush()
         os.fsync(self._f.fileno())
-        return self._f.tell()
+        offset = self._f.tell()
+        return (offset, self._token, _fingerprint(self._f, offset))
+
+    def prepare(self, epoch: int) -> bool:
+        # Nothing is held back: the snapshot changes only with writes,
+        # which the runtime tracks itself.
+        return False
+
+    def commit(self, epoch: int) -> None:
+        if self._undo_kept:
+            _undo.remove(self._path)
+            self._undo_kept = False
 
     def close(self) -> None:
         if not self._f.closed:
@@ -535,7 +583,7 @@ class _FileSinkPartition(StatefulSinkPartition[str, int]):
             self._f.close()
 
 
-class FileSink(FixedPartitionedSink[str, int]):
+class FileSink(FixedPartitionedSink[str, SinkPosition]):
     """Write each ``str`` value, followed by ``end``, to one file.
 
     The upstream is a keyed stream ``(key, str)``; the key is ignored (all
@@ -557,8 +605,8 @@ class FileSink(FixedPartitionedSink[str, int]):
         return 0
 
     def build_part(
-        self, step_id: str, for_part: str, resume_state: Optional[int]
-    ) -> StatefulSinkPartition[str, int]:
+        self, step_id: str, for_part: str, resume_state: Optional[SinkPosition]
+    ) -> StatefulSinkPartition[str, SinkPosition]:
         return _FileSinkPartition(self._path, self._end, resume_state)
 
 
@@ -570,7 +618,7 @@ def _default_assign_file(key: str) -> int:
     return zlib.crc32(key.encode("utf-8"))
 
 
-class DirSink(FixedPartitionedSink[str, int]):
+class DirSink(FixedPartitionedSink[str, SinkPosition]):
     """Write ``str`` values to ``file_count`` files in ``dir``, picked by key.
 
     The item's key goes through ``assign_file(key) -> int`` (default: a
@@ -609,6 +657,6 @@ class DirSink(FixedPartitionedSink[str, int]):
         return self._assign_file(item_key) % self._file_count
 
     def build_part(
-        self, step_id: str, for_part: str, resume_state: Optional[int]
-    ) -> StatefulSinkPartition[str, int]:
+        self, step_id: str, for_part: str, resume_state: Optional[SinkPosition]
+    ) -> StatefulSinkPartition[str, SinkPosition]:
         return _FileSinkPartition(self._dir / for_part, self._end, resume_state)
