@@ -77,15 +77,16 @@ func contents(ctx context.Context, f *File) (map[string]string, error) {
 	return got, err
 }
 
-// FuzzCheckWAL patches the write-ahead log of a crash image whose frames a
-// checkpoint has all copied into the file, anywhere but in the last frame
-// of its current round
-// (a torn write there cannot be told from damage, see checkWAL). Whenever
-// checkWAL lets the log through, the file SQLite then shows must pass the
-// full check and hold what the file held after one of its transactions: a
-// log that would make SQLite mix pages of different transactions is
-// refused before any connection opens it. (Such a mix mostly passes
-// SQLite's own check: rows silently missing or old.)
+// FuzzCheckWAL patches the write-ahead log of a crash image whose second
+// round of frames a checkpoint has copied into the file. With the log's
+// index (-shm) in the image, anywhere in the log; without it, anywhere but
+// in the last frame of the current round (a write the kill cut short
+// cannot be told from damage there without the index, see checkWAL).
+// Whenever checkWAL lets the log through, the file SQLite then shows must
+// pass the full check and hold what the file held after one of its
+// transactions: a log that would make SQLite mix pages of different
+// transactions is refused before any connection opens it. (Such a mix
+// mostly passes SQLite's own check: rows silently missing or old.)
 func FuzzCheckWAL(f *testing.F) {
 	ctx := context.Background()
 	src, err := Create(ctx, filepath.Join(f.TempDir(), "s.sqlite"), testMeta(), Options{})
@@ -137,6 +138,10 @@ func FuzzCheckWAL(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
+	shm, err := os.ReadFile(src.Path() + "-shm")
+	if err != nil {
+		f.Fatal(err)
+	}
 	_, pageSize, ok := walHeader(wal[:walHeaderSize])
 	if !ok {
 		f.Fatal("the log's header is not valid")
@@ -148,14 +153,19 @@ func FuzzCheckWAL(f *testing.F) {
 	for off := walHeaderSize; off+frameSize <= len(wal) && string(wal[off+8:off+16]) == string(wal[16:24]); off += frameSize {
 		lastFrame = off
 	}
-	f.Add(uint32(0), []byte{0x01})
-	f.Add(uint32(walHeaderSize+9), []byte{0xff})
-	f.Add(uint32(walHeaderSize+walFrameHeaderSize+100), []byte("xyz"))
-	f.Add(uint32(lastFrame/2), []byte{0, 0, 0, 0})
-	f.Add(uint32(lastFrame/3), []byte{0x55})
-	f.Fuzz(func(t *testing.T, at uint32, patch []byte) {
-		off := int(at) % lastFrame
-		if len(patch) == 0 || off+len(patch) > lastFrame {
+	f.Add(uint32(0), []byte{0x01}, false)
+	f.Add(uint32(walHeaderSize+9), []byte{0xff}, false)
+	f.Add(uint32(walHeaderSize+walFrameHeaderSize+100), []byte("xyz"), false)
+	f.Add(uint32(lastFrame/2), []byte{0, 0, 0, 0}, false)
+	f.Add(uint32(lastFrame/3), []byte{0x55}, false)
+	f.Add(uint32(lastFrame+walFrameHeaderSize+7), []byte{0x55}, true)
+	f.Fuzz(func(t *testing.T, at uint32, patch []byte, withIndex bool) {
+		end := lastFrame
+		if withIndex {
+			end = len(wal)
+		}
+		off := int(at) % end
+		if len(patch) == 0 || off+len(patch) > end {
 			return
 		}
 		dir := t.TempDir()
@@ -167,6 +177,11 @@ func FuzzCheckWAL(f *testing.F) {
 		}
 		if err := os.WriteFile(path+"-wal", patched, 0o600); err != nil {
 			t.Fatal(err)
+		}
+		if withIndex {
+			if err := os.WriteFile(path+"-shm", shm, 0o600); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err := checkWAL(path); err != nil {
 			if !errors.Is(err, ErrDamaged) {

@@ -27,6 +27,7 @@ const (
 	walMagicLE         = 0x377f0682 // checksums over little-endian words
 	walMagicBE         = 0x377f0683 // checksums over big-endian words
 	walFormat          = 3007000
+	walIndexHeaderSize = 48
 )
 
 // walSum is the running checksum of a write-ahead log: two 32-bit sums
@@ -63,17 +64,22 @@ func (c *walSum) matches(b []byte) bool {
 // checkWAL refuses (with an error wrapping ErrDamaged) the write-ahead log
 // of the database at path when SQLite would drop frames a checkpoint may
 // have copied already: a log whose header is damaged while frames follow
-// it, or one where a frame that fails its check (its salts are not the
+// it, one whose index counts more committed frames than SQLite would
+// replay, or one where a frame that fails its check (its salts are not the
 // header's, or its checksum fails) comes before a frame of the current log
 // (the header's salts). The process writes frames in order, so a kill
 // leaves at most the last frame of the current log bad (its header written
 // over stale bytes, the page not yet): that is a transaction that never
 // committed, and no checkpoint copied it. Frames of an earlier round of
 // the log (other salts) after the valid ones are what SQLite leaves when
-// it starts the log over. A missing or empty log is fine. What this cannot
-// tell from a torn write is a damaged last frame; a checkpoint copies a
-// transaction only once its last frame is written, which leaves a window
-// between that copy and the next transaction.
+// it starts the log over. A missing or empty log is fine. A damaged last
+// frame looks like a torn write; the log's index (-shm), which the killed
+// process left and whose header carries its own checksum, tells them
+// apart: it counts the frames of committed transactions, so fewer frames
+// to replay than it counts is damage. Without the index (a copy of the
+// state directory that left it out), a damaged last frame goes unseen; a
+// checkpoint copies a transaction only once its last frame is written,
+// which leaves a window between that copy and the next transaction.
 //
 // It must run before any connection opens the file: the first one replays
 // the log, and its checkpoint would fold the mixed pages in for good.
@@ -113,7 +119,8 @@ func checkWAL(path string) error {
 	frameSize := int64(walFrameHeaderSize + pageSize)
 	frames := (size - walHeaderSize) / frameSize
 	frame := make([]byte, frameSize)
-	bad := int64(-1) // the first frame SQLite would not replay
+	bad := int64(-1)   // the first frame SQLite would not replay
+	var replayed int64 // frames through the last commit frame before bad
 	for i := int64(0); i < frames; i++ {
 		if _, err := io.ReadFull(r, frame); err != nil {
 			return fmt.Errorf("check write-ahead log %s: frame %d: %w", walPath, i, err)
@@ -130,12 +137,53 @@ func checkWAL(path string) error {
 			sum.add(frame[:8])
 			sum.add(frame[walFrameHeaderSize:])
 			if sum.matches(frame[16:24]) {
+				if binary.BigEndian.Uint32(frame[4:]) != 0 { // a commit frame
+					replayed = i + 1
+				}
 				continue
 			}
 		}
 		bad = i
 	}
+	if committed, ok := walIndexFrames(path+"-shm", salts); ok && committed > replayed {
+		return damagedf(path, "the index of its write-ahead log %s-shm says %d frames of %s were committed, but SQLite would replay only %d (frame %d is damaged)",
+			path, committed, walPath, replayed, max(bad, 0))
+	}
 	return nil
+}
+
+// walIndexFrames reads the count of committed frames (mxFrame) from the
+// write-ahead log's index, the -shm file the killed process left: SQLite
+// raises it once a transaction's frames are all written. It reports false
+// when there is no index, or its header does not check out or belongs to
+// another round of the log (other salts): SQLite rebuilds the index from
+// the log anyway, so it is only a witness here, one that tells a damaged
+// last frame from a write the kill cut short.
+func walIndexFrames(shmPath string, salts []byte) (int64, bool) {
+	fh, err := os.Open(shmPath)
+	if err != nil {
+		return 0, false
+	}
+	defer fh.Close()
+	// Two copies of the 48-byte header, which must agree; the fields are
+	// in the machine's byte order, the salts as the log's header has them.
+	var hdr [2 * walIndexHeaderSize]byte
+	if _, err := io.ReadFull(fh, hdr[:]); err != nil {
+		return 0, false
+	}
+	h := hdr[:walIndexHeaderSize]
+	if string(h) != string(hdr[walIndexHeaderSize:]) || binary.NativeEndian.Uint32(h) != walFormat || h[12] != 1 {
+		return 0, false
+	}
+	sum := walSum{little: binary.NativeEndian.Uint16([]byte{1, 0}) == 1}
+	sum.add(h[:40])
+	if sum.s0 != binary.NativeEndian.Uint32(h[40:]) || sum.s1 != binary.NativeEndian.Uint32(h[44:]) {
+		return 0, false
+	}
+	if string(h[32:40]) != string(salts) {
+		return 0, false
+	}
+	return int64(binary.NativeEndian.Uint32(h[16:])), true
 }
 
 // walHeader checks a write-ahead log's header and returns the checksum it

@@ -33,10 +33,16 @@ func walEpochs(t *testing.T, f *File, from, to int64) {
 
 // crashImage copies f's database file and write-ahead log, as a kill would
 // leave them, to a directory of their own, and returns the copy's path.
+// The log's index (-shm) is left out, as a copy to another machine or a
+// reboot that clears it would: checkWAL must not need it.
 func crashImage(t *testing.T, f *File) string {
+	return crashImageOf(t, f, "", "-wal")
+}
+
+func crashImageOf(t *testing.T, f *File, suffixes ...string) string {
 	t.Helper()
 	dst := filepath.Join(t.TempDir(), "image.sqlite")
-	for _, suffix := range []string{"", "-wal"} {
+	for _, suffix := range suffixes {
 		b, err := os.ReadFile(f.Path() + suffix)
 		require.NoError(t, err)
 		require.NoError(t, os.WriteFile(dst+suffix, b, 0o600))
@@ -138,6 +144,77 @@ func TestOpenRefusesAWriteAheadLogSQLiteWouldCutShort(t *testing.T) {
 			assert.Len(t, got, 200)
 		})
 	}
+}
+
+func TestTheLogsIndexTellsADamagedLastFrameFromACutWrite(t *testing.T) {
+	// The last frame of the log fails its check both when the kill cut
+	// its write short and when it was damaged afterwards; the index the
+	// killed process left (-shm) says whether its transaction committed.
+	ctx := context.Background()
+	tests := []struct {
+		name    string
+		index   bool // the -shm file is there
+		damage  func(t *testing.T, walPath string)
+		damaged bool
+	}{
+		{name: "a committed last frame damaged, with the index", index: true, damaged: true, damage: func(t *testing.T, walPath string) {
+			ps, offs, _ := walFrames(t, walPath)
+			flipByte(t, walPath, offs[len(offs)-1]+walFrameHeaderSize+int64(ps)/2)
+		}},
+		{name: "a committed last frame damaged, without the index (not seen)", damage: func(t *testing.T, walPath string) {
+			ps, offs, _ := walFrames(t, walPath)
+			flipByte(t, walPath, offs[len(offs)-1]+walFrameHeaderSize+int64(ps)/2)
+		}},
+		{name: "a frame the kill cut short after the committed ones", index: true, damage: func(t *testing.T, walPath string) {
+			// The frame header written, the page not: the bytes after it
+			// are whatever the file held there.
+			ps, offs, _ := walFrames(t, walPath)
+			b, err := os.ReadFile(walPath)
+			require.NoError(t, err)
+			torn := make([]byte, walFrameHeaderSize+ps)
+			binary.BigEndian.PutUint32(torn, 2)
+			copy(torn[8:16], b[16:24])
+			copy(torn[walFrameHeaderSize:], b[offs[0]+walFrameHeaderSize:])
+			require.NoError(t, os.WriteFile(walPath, append(b, torn...), 0o600))
+		}},
+		{name: "an intact log with its index", index: true, damage: func(*testing.T, string) {}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFile(t)
+			walEpochs(t, f, 1, 4)
+			suffixes := []string{"", "-wal"}
+			if tt.index {
+				suffixes = append(suffixes, "-shm")
+			}
+			image := crashImageOf(t, f, suffixes...)
+			tt.damage(t, image+"-wal")
+			g, err := Open(ctx, image, Options{})
+			if tt.damaged {
+				require.ErrorIs(t, err, ErrDamaged)
+				assert.Contains(t, err.Error(), "-shm says")
+				return
+			}
+			require.NoError(t, err)
+			defer g.Close()
+			require.NoError(t, g.Verify(ctx))
+		})
+	}
+}
+
+func TestTheLogsIndexIsReadAsSQLiteWroteIt(t *testing.T) {
+	// Every frame of a live file's log is committed (each Write is a
+	// transaction): the index must say so, or it would witness nothing.
+	f := newFile(t)
+	walEpochs(t, f, 1, 3)
+	b, err := os.ReadFile(f.Path() + "-wal")
+	require.NoError(t, err)
+	_, offs, _ := walFrames(t, f.Path()+"-wal")
+	n, ok := walIndexFrames(f.Path()+"-shm", b[16:24])
+	require.True(t, ok, "the index's header checks out")
+	assert.Equal(t, int64(len(offs)), n)
+	_, ok = walIndexFrames(f.Path()+"-shm", []byte("otherslt"))
+	assert.False(t, ok, "an index of another round of the log is no witness")
 }
 
 func TestOpenTakesALogThatStartedOver(t *testing.T) {
