@@ -475,6 +475,53 @@ def test_file_sink_ignores_an_incomplete_undo_record(tmp_path, left):
     assert _undo_files(path) == []
 
 
+def test_file_sink_empties_a_symlinked_file_in_place(tmp_path):
+    """A fresh run keeps the old file by renaming it aside, which would
+    replace a symbolic link (or a hard-linked file) by a plain file: such a
+    path is emptied in place instead, without a record."""
+    target = tmp_path / "target.txt"
+    target.write_text("old\n")
+    link = tmp_path / "o.txt"
+    link.symlink_to(target)
+    part = FileSink(link).build_part("out", str(link), None)
+    part.write_batch(["new"])
+    part.close()
+    assert link.is_symlink() and target.read_text() == "new\n"
+    assert _undo_files(link) == []
+
+
+def test_file_sink_keeps_the_files_mode_when_it_renames_it_aside(tmp_path):
+    path = tmp_path / "o.txt"
+    path.write_text("old\n")
+    path.chmod(0o640)
+    part = FileSink(path).build_part("out", str(path), None)
+    part.close()
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert path.read_text() == ""
+
+
+def test_file_sink_truncates_without_a_record_when_none_can_be_made(tmp_path, monkeypatch, caplog):
+    """A directory that does not take the record (read-only, full) costs
+    the safety net, not the resume."""
+    from millpond.connectors import _undo
+
+    path = tmp_path / "o.txt"
+    _, committed = _committed_run(path, ["1", "2"])
+    with open(path, "a") as f:
+        f.write("uncommitted\n")
+
+    def full(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_undo, "_write_synced", full)
+    part = FileSink(path).build_part("out", str(path), committed)
+    part.write_batch(["3"])
+    part.close()
+    assert path.read_text() == "1\n2\n3\n"
+    assert "cannot keep the 12 bytes" in caplog.text
+    assert _undo_files(path) == []
+
+
 @settings(max_examples=100, deadline=None)
 @given(runs=st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=6))
 def test_file_sink_output_is_what_the_committed_runs_wrote(runs):

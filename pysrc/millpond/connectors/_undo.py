@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import stat
 import struct
 import zlib
 from pathlib import Path
@@ -99,7 +100,8 @@ def remove(path: Path) -> None:
     (the description first: data without one is no record)."""
     data, meta = record_paths(path)
     gone = False
-    for p in (meta, data):
+    # Temporary files of a record whose making failed go too.
+    for p in (meta, data, meta.with_name(meta.name + ".tmp"), data.with_name(data.name + ".tmp")):
         try:
             p.unlink()
             gone = True
@@ -164,34 +166,73 @@ def settle(path: Path, token: Optional[bytes]) -> None:
 def truncate(path: Path, f: BinaryIO, offset: int, token: bytes) -> BinaryIO:
     """Truncate the file open as ``f`` to ``offset``, first keeping what is
     cut off in an undo record tagged ``token``. Returns the file to write
-    to: ``f``, or a new empty file when the whole file was kept (renamed)."""
+    to: ``f``, or a new empty file when the whole file was kept (renamed).
+
+    A file that cannot be renamed without changing what its path means (a
+    symbolic link, a file with other hard links, not a regular file) is
+    emptied in place without a record; so is one whose directory does not
+    take the record (read-only, full), with a warning: the record is a
+    safety net, and the truncation is what the resume needs."""
     fd = f.fileno()
-    size = os.fstat(fd).st_size
+    st = os.fstat(fd)
+    size = st.st_size
     if offset >= size:
         remove(path)
         return f
     data, meta = record_paths(path)
-    remove(path)
     description = _META.pack(_MAGIC, token, offset, size - offset)
     description += _CRC.pack(zlib.crc32(description))
-    if offset == 0:
-        # The whole file goes: keep it by renaming it, whatever its size.
+    try:
+        remove(path)
+        if offset == 0:
+            if not _renamable(path, st):
+                logger.debug("%s: not a plain file, emptied without an undo record", path)
+                os.ftruncate(fd, 0)
+                return f
+            # The whole file goes: keep it by renaming it, whatever its size.
+            _write_synced(meta, description)
+            os.replace(path, data)
+            f.close()
+            fresh = cast(BinaryIO, open(path, "w+b"))
+            os.fchmod(fresh.fileno(), stat.S_IMODE(st.st_mode))
+            _sync_dir(path.parent)
+            return fresh
+        tmp = data.with_name(data.name + ".tmp")
+        with open(tmp, "wb") as out:
+            at = offset
+            while chunk := os.pread(fd, min(_CHUNK, size - at), at):
+                out.write(chunk)
+                at += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, data)
         _write_synced(meta, description)
-        os.replace(path, data)
-        f.close()
-        fresh = cast(BinaryIO, open(path, "w+b"))
         _sync_dir(path.parent)
-        return fresh
-    tmp = data.with_name(data.name + ".tmp")
-    with open(tmp, "wb") as out:
-        at = offset
-        while chunk := os.pread(fd, min(_CHUNK, size - at), at):
-            out.write(chunk)
-            at += len(chunk)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, data)
-    _write_synced(meta, description)
-    _sync_dir(path.parent)
+    except OSError as ex:
+        if f.closed:
+            raise
+        logger.warning(
+            "%s: cannot keep the %d bytes this resume cuts off in an undo record (%s); truncating without one",
+            path, size - offset, ex,
+        )
+        try:
+            remove(path)
+        except OSError:
+            pass
     os.ftruncate(fd, offset)
     return f
+
+
+def _renamable(path: Path, st: os.stat_result) -> bool:
+    """Whether ``path`` names the open file itself, and only it: renaming it
+    aside and making a new file there then changes nothing else."""
+    try:
+        lst = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISREG(lst.st_mode)
+        and lst.st_ino == st.st_ino
+        and lst.st_dev == st.st_dev
+        and st.st_nlink == 1
+    )
