@@ -18,8 +18,8 @@ import (
 // pages stay in the log's valid part, so the file SQLite then shows mixes
 // two transactions. Rows of such a file pass their checksums (each one is
 // a row that was written), yet a key can read an older state or none, and
-// the b-tree can be out of order. So a file is not opened for writing
-// while its log holds a frame of the current log that fails its checksum.
+// the b-tree can be out of order. So before a file is opened for writing,
+// checkWAL looks for committed frames SQLite would drop.
 
 const (
 	walHeaderSize      = 32
