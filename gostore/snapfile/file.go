@@ -325,9 +325,8 @@ func (f *File) init(ctx context.Context) error {
 // Open opens an existing snapshot file and reads its metadata. A file that
 // is not SQLite, lacks the schema or has unknown metadata is refused with an
 // error wrapping ErrNotSnapshotFile; one that SQLite finds malformed, whose
-// metadata does not match its checksum, or (opened to write) whose
-// write-ahead log SQLite would cut short (checkWAL), with an error wrapping
-// ErrDamaged.
+// metadata does not match its checksum, or whose write-ahead log SQLite
+// would cut short (checkWAL), with an error wrapping ErrDamaged.
 func Open(ctx context.Context, path string, o Options) (*File, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -339,12 +338,10 @@ func Open(ctx context.Context, path string, o Options) (*File, error) {
 	if err := checkHeader(path); err != nil {
 		return nil, fmt.Errorf("open snapshot file %s: %w: %v", path, ErrNotSnapshotFile, err)
 	}
-	if !o.ReadOnly {
-		// Read-only opens run beside a writer, whose log is still
-		// growing; the opens that write come first after a kill.
-		if err := checkWAL(path); err != nil {
-			return nil, err
-		}
+	// Read-only opens may run beside a writer, whose log is still
+	// growing: they check only against the log's index.
+	if err := checkWAL(path, o.ReadOnly); err != nil {
+		return nil, err
 	}
 	db, err := openDB(path, o)
 	if err != nil {

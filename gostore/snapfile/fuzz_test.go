@@ -183,7 +183,7 @@ func FuzzCheckWAL(f *testing.F) {
 				t.Fatal(err)
 			}
 		}
-		if err := checkWAL(path); err != nil {
+		if err := checkWAL(path, false); err != nil {
 			if !errors.Is(err, ErrDamaged) {
 				t.Fatalf("checkWAL: %v, want damage", err)
 			}

@@ -62,29 +62,34 @@ func (c *walSum) matches(b []byte) bool {
 }
 
 // checkWAL refuses (with an error wrapping ErrDamaged) the write-ahead log
-// of the database at path when SQLite would drop frames a checkpoint may
-// have copied already: a log whose header is damaged while frames follow
-// it, one whose index counts more committed frames than SQLite would
-// replay, or one where a frame that fails its check (its salts are not the
-// header's, or its checksum fails) comes before a frame of the current log
-// (the header's salts). The process writes frames in order, so a kill
-// leaves at most the last frame of the current log bad (its header written
-// over stale bytes, the page not yet): that is a transaction that never
-// committed, and no checkpoint copied it. Frames of an earlier round of
-// the log (other salts) after the valid ones are what SQLite leaves when
-// it starts the log over. A missing or empty log is fine. A damaged last
-// frame looks like a torn write; the log's index (-shm), which the killed
-// process left and whose header carries its own checksum, tells them
-// apart: it counts the frames of committed transactions, so fewer frames
-// to replay than it counts is damage. Without the index (a copy of the
-// state directory that left it out), a damaged last frame goes unseen; a
-// checkpoint copies a transaction only once its last frame is written,
-// which leaves a window between that copy and the next transaction.
+// of the database at path when SQLite would drop frames of committed
+// transactions from it, which a checkpoint may have copied already.
+//
+// Its first witness is the log's index (-shm), when its header checks out
+// (its own checksum, and the salts of the log's current round): it counts
+// the frames of committed transactions, as the process that wrote them
+// last saw them. Fewer frames that SQLite would replay is damage, wherever
+// it is, the last frame included. The index is read before the log, so a
+// writer appending meanwhile only adds frames past what it counted.
+//
+// The first connection to a file after a crash rebuilds the index from the
+// log as SQLite replays it (and a copy of the state directory may have
+// left it out), so a check that comes later has a second rule, for a file
+// with no writer (live false: the opens that write come first after a
+// kill): a frame that fails its check (other salts, or a bad checksum)
+// followed by a frame of the current round means that frames were lost;
+// so does a damaged header with frames after it. A kill leaves at most the
+// last frame bad, a write it cut short, and frames of an earlier round of
+// the log after the valid ones are what SQLite leaves when it starts the
+// log over: both are fine. A damaged last frame is seen only through the
+// index. With live true (a file a writer may be appending to, or
+// restarting the log of), only the index rule applies.
 //
 // It must run before any connection opens the file: the first one replays
 // the log, and its checkpoint would fold the mixed pages in for good.
-func checkWAL(path string) error {
+func checkWAL(path string, live bool) error {
 	walPath := path + "-wal"
+	committed, indexSalts, indexed := walIndexFrames(path + "-shm")
 	fh, err := os.Open(walPath)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -110,24 +115,31 @@ func checkWAL(path string) error {
 	if !ok {
 		// Without a valid header SQLite ignores the whole log. The
 		// smallest frame is 24 bytes of header and a 512-byte page.
-		if size >= walHeaderSize+walFrameHeaderSize+512 {
+		if !live && size >= walHeaderSize+walFrameHeaderSize+512 {
 			return damagedf(path, "the header of its write-ahead log %s is damaged, so SQLite would drop all %d bytes of frames after it", walPath, size-walHeaderSize)
 		}
 		return nil
 	}
 	salts := hdr[16:24]
+	indexed = indexed && string(indexSalts) == string(salts)
+	if live && !indexed {
+		return nil
+	}
 	frameSize := int64(walFrameHeaderSize + pageSize)
 	frames := (size - walHeaderSize) / frameSize
 	frame := make([]byte, frameSize)
 	bad := int64(-1)   // the first frame SQLite would not replay
 	var replayed int64 // frames through the last commit frame before bad
 	for i := int64(0); i < frames; i++ {
+		if indexed && live && i >= committed {
+			break // frames a writer may be writing right now
+		}
 		if _, err := io.ReadFull(r, frame); err != nil {
 			return fmt.Errorf("check write-ahead log %s: frame %d: %w", walPath, i, err)
 		}
 		current := string(frame[8:16]) == string(salts)
 		if bad >= 0 {
-			if current {
+			if current && !live {
 				return damagedf(path, "frame %d of its write-ahead log %s (byte %d) is damaged, so SQLite would drop it and the frames after it (frame %d is one of the current log), whose pages a checkpoint may already have copied into the file",
 					bad, walPath, walHeaderSize+bad*frameSize, i)
 			}
@@ -145,45 +157,39 @@ func checkWAL(path string) error {
 		}
 		bad = i
 	}
-	if committed, ok := walIndexFrames(path+"-shm", salts); ok && committed > replayed {
+	if indexed && committed > replayed {
 		return damagedf(path, "the index of its write-ahead log %s-shm says %d frames of %s were committed, but SQLite would replay only %d (frame %d is damaged)",
 			path, committed, walPath, replayed, max(bad, 0))
 	}
 	return nil
 }
 
-// walIndexFrames reads the count of committed frames (mxFrame) from the
-// write-ahead log's index, the -shm file the killed process left: SQLite
-// raises it once a transaction's frames are all written. It reports false
-// when there is no index, or its header does not check out or belongs to
-// another round of the log (other salts): SQLite rebuilds the index from
-// the log anyway, so it is only a witness here, one that tells a damaged
-// last frame from a write the kill cut short.
-func walIndexFrames(shmPath string, salts []byte) (int64, bool) {
+// walIndexFrames reads the count of committed frames (mxFrame) and the
+// salts of the log's round from the write-ahead log's index (-shm): SQLite
+// raises the count once a transaction's frames are all written. It
+// reports false when there is no index or its header does not check out.
+func walIndexFrames(shmPath string) (int64, []byte, bool) {
 	fh, err := os.Open(shmPath)
 	if err != nil {
-		return 0, false
+		return 0, nil, false
 	}
 	defer fh.Close()
 	// Two copies of the 48-byte header, which must agree; the fields are
 	// in the machine's byte order, the salts as the log's header has them.
 	var hdr [2 * walIndexHeaderSize]byte
 	if _, err := io.ReadFull(fh, hdr[:]); err != nil {
-		return 0, false
+		return 0, nil, false
 	}
 	h := hdr[:walIndexHeaderSize]
 	if string(h) != string(hdr[walIndexHeaderSize:]) || binary.NativeEndian.Uint32(h) != walFormat || h[12] != 1 {
-		return 0, false
+		return 0, nil, false
 	}
 	sum := walSum{little: binary.NativeEndian.Uint16([]byte{1, 0}) == 1}
 	sum.add(h[:40])
 	if sum.s0 != binary.NativeEndian.Uint32(h[40:]) || sum.s1 != binary.NativeEndian.Uint32(h[44:]) {
-		return 0, false
+		return 0, nil, false
 	}
-	if string(h[32:40]) != string(salts) {
-		return 0, false
-	}
-	return int64(binary.NativeEndian.Uint32(h[16:])), true
+	return int64(binary.NativeEndian.Uint32(h[16:])), append([]byte(nil), h[32:40]...), true
 }
 
 // walHeader checks a write-ahead log's header and returns the checksum it
