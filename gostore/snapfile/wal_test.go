@@ -16,19 +16,27 @@ import (
 	"github.com/millpond/millpond/gostore/rowbatch"
 )
 
-// walEpochs writes epochs 1..n to f, each one transaction rewriting the
-// same keys with values that name the epoch, so that every epoch changes
-// the same pages again.
+// walEpochs writes epochs from..to to f, each one transaction rewriting
+// the same keys with values that name the epoch, so that every epoch
+// changes the same pages again.
 func walEpochs(t *testing.T, f *File, from, to int64) {
 	t.Helper()
+	require.NoError(t, writeEpochs(f, from, to))
+}
+
+// writeEpochs is walEpochs returning the error, for a goroutine other than
+// the test's.
+func writeEpochs(f *File, from, to int64) error {
 	for e := from; e <= to; e++ {
 		rows := make([]rowbatch.Row, 0, 200)
 		for k := 0; k < 200; k++ {
 			rows = append(rows, row("s", fmt.Sprintf("k%03d", k), e, fmt.Sprintf("%d:%s", e, strings.Repeat("v", 150))))
 		}
-		_, err := f.Write(context.Background(), rows)
-		require.NoError(t, err)
+		if _, err := f.Write(context.Background(), rows); err != nil {
+			return err
+		}
 	}
+	return nil
 }
 
 // crashImage copies f's database file and write-ahead log, as a kill would
@@ -243,7 +251,7 @@ func TestAReadOnlyCheckBesideAWriterFindsNothing(t *testing.T) {
 	go func() {
 		defer close(done)
 		for e := int64(3); e <= 40; e++ {
-			walEpochs(t, f, e, e)
+			assert.NoError(t, writeEpochs(f, e, e))
 			if e%5 == 0 {
 				assert.NoError(t, f.CheckpointPassive(ctx))
 			}
