@@ -292,7 +292,7 @@ def test_a_damaged_wal_frame_is_caught_before_the_store_is_read(
     what = f"frame {frame} of {frames}"
     assert res.returncode == 0, f"{what}: {res}"
     assert FULL_RESUME in res.stderr, f"{what}: want a full resume: {res}"
-    reasons = ("-shm says",) if index else ("write-ahead log", "local store holds epochs up to")
+    reasons = ("-shm) says",) if index else ("write-ahead log", "local store holds epochs up to")
     assert any(r in res.stderr for r in reasons), f"{what}: want the resume's reason to be one of {reasons}: {res}"
     assert _out(d) == expected_output()
     _verify_ok(d)

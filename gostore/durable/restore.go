@@ -216,7 +216,7 @@ func damagedReason(reason string) string {
 // judged: damaged, or something else wrong with it.
 func unusableReason(err error) string {
 	if errors.Is(err, localstore.ErrDamaged) {
-		return damagedReason(err.Error())
+		return localstore.DamageReason(err)
 	}
 	return fmt.Sprintf("no usable local store (%v)", err)
 }

@@ -39,6 +39,21 @@ func (e *damageError) Error() string {
 
 func (e *damageError) Unwrap() error { return e.err }
 
+// DamageReason is how err, which wraps ErrDamaged, reads as the reason of
+// a full resume: "local store damaged: PATH: DETAIL", without the advice
+// that ends the error, since the run that gives the reason is the one
+// rebuilding the store.
+func DamageReason(err error) string {
+	var de *damageError
+	if errors.As(err, &de) {
+		return fmt.Sprintf("local store damaged: %s: %s", de.path, de.detail)
+	}
+	if reason := err.Error(); strings.HasPrefix(reason, "local store damaged") {
+		return strings.TrimSuffix(reason, "; "+rebuildAdvice)
+	}
+	return "local store damaged: " + err.Error()
+}
+
 // Damaged reports whether worker's store was found damaged (by this run or
 // an earlier one) and why: the marker stays until Remove.
 func Damaged(dir, flowID string, worker int) (reason string, ok bool) {

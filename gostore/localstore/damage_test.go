@@ -292,3 +292,24 @@ func diffViews(want, got storeView) string {
 	}
 	return strings.Join(out, "; ")
 }
+
+func TestDamageReasonLeavesOutTheAdviceToTheNextRun(t *testing.T) {
+	// A full resume gives the damage as its reason; the run giving it is
+	// the one rebuilding the store, so "the next run rebuilds it" would be
+	// wrong there.
+	de := &damageError{path: "w/store.sqlite", detail: "frame 4 is damaged", err: ErrDamaged}
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"the store's damage error", de, "local store damaged: w/store.sqlite: frame 4 is damaged"},
+		{"wrapped with context", fmt.Errorf("open local store: %w", de), "local store damaged: w/store.sqlite: frame 4 is damaged"},
+		{"a file's damage", &snapfile.DamageError{Path: "f.sqlite", Detail: "quick_check: x"}, "local store damaged: snapshot file damaged: f.sqlite: quick_check: x"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.Equal(t, tt.want, DamageReason(tt.err))
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 )
 
 // Checking the write-ahead log a killed process left. When SQLite first
@@ -116,7 +117,7 @@ func checkWAL(path string, live bool) error {
 		// Without a valid header SQLite ignores the whole log. The
 		// smallest frame is 24 bytes of header and a 512-byte page.
 		if !live && size >= walHeaderSize+walFrameHeaderSize+512 {
-			return damagedf(path, "the header of its write-ahead log %s is damaged, so SQLite would drop all %d bytes of frames after it", walPath, size-walHeaderSize)
+			return damagedf(path, "the header of its write-ahead log (%s) is damaged, so SQLite would drop all %d bytes of frames after it", filepath.Base(walPath), size-walHeaderSize)
 		}
 		return nil
 	}
@@ -140,8 +141,8 @@ func checkWAL(path string, live bool) error {
 		current := string(frame[8:16]) == string(salts)
 		if bad >= 0 {
 			if current && !live {
-				return damagedf(path, "frame %d of its write-ahead log %s (byte %d) is damaged, so SQLite would drop it and the frames after it (frame %d is one of the current log), whose pages a checkpoint may already have copied into the file",
-					bad, walPath, walHeaderSize+bad*frameSize, i)
+				return damagedf(path, "frame %d of its write-ahead log (%s, byte %d) is damaged, so SQLite would drop it and the frames after it (frame %d is one of the current log), whose pages a checkpoint may already have copied into the file",
+					bad, filepath.Base(walPath), walHeaderSize+bad*frameSize, i)
 			}
 			continue
 		}
@@ -158,8 +159,8 @@ func checkWAL(path string, live bool) error {
 		bad = i
 	}
 	if indexed && committed > replayed {
-		return damagedf(path, "the index of its write-ahead log %s-shm says %d frames of %s were committed, but SQLite would replay only %d (frame %d is damaged)",
-			path, committed, walPath, replayed, max(bad, 0))
+		return damagedf(path, "the index of its write-ahead log (%s-shm) says %d frames were committed, but SQLite would replay only %d (frame %d of %s is damaged)",
+			filepath.Base(path), committed, replayed, max(bad, 0), filepath.Base(walPath))
 	}
 	return nil
 }

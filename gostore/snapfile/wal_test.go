@@ -139,7 +139,7 @@ func TestOpenRefusesAWriteAheadLogSQLiteWouldCutShort(t *testing.T) {
 			g, err := Open(ctx, image, Options{})
 			if tt.damaged {
 				require.ErrorIs(t, err, ErrDamaged)
-				assert.Contains(t, err.Error(), image+"-wal")
+				assert.Contains(t, err.Error(), "write-ahead log (image.sqlite-")
 				// Nothing opened the file, so the log is as it was.
 				_, statErr := os.Stat(image + "-wal")
 				assert.NoError(t, statErr)
@@ -200,7 +200,7 @@ func TestTheLogsIndexTellsADamagedLastFrameFromACutWrite(t *testing.T) {
 			g, err := Open(ctx, image, Options{})
 			if tt.damaged {
 				require.ErrorIs(t, err, ErrDamaged)
-				assert.Contains(t, err.Error(), "-shm says")
+				assert.Contains(t, err.Error(), "-shm) says")
 				return
 			}
 			require.NoError(t, err)
@@ -237,7 +237,7 @@ func TestAReadOnlyOpenChecksTheLogAgainstItsIndex(t *testing.T) {
 	flipByte(t, image+"-wal", offs[len(offs)/2]+walFrameHeaderSize+int64(ps)/2)
 	_, err := Open(ctx, image, Options{ReadOnly: true})
 	require.ErrorIs(t, err, ErrDamaged)
-	assert.Contains(t, err.Error(), "-shm says")
+	assert.Contains(t, err.Error(), "-shm) says")
 }
 
 func TestAReadOnlyCheckBesideAWriterFindsNothing(t *testing.T) {
