@@ -84,7 +84,9 @@ func (c *walSum) matches(b []byte) bool {
 // the log after the valid ones are what SQLite leaves when it starts the
 // log over: both are fine. A damaged last frame is seen only through the
 // index. With live true (a file a writer may be appending to, or
-// restarting the log of), only the index rule applies.
+// checkpointing, or restarting the log of), only the index rule applies,
+// and a log that changed under the read (it shrank, or the index moved on
+// since) is no finding.
 //
 // It must run before any connection opens the file: the first one replays
 // the log, and its checkpoint would fold the mixed pages in for good.
@@ -110,6 +112,9 @@ func checkWAL(path string, live bool) error {
 	r := bufio.NewReaderSize(fh, 1<<20)
 	hdr := make([]byte, walHeaderSize)
 	if _, err := io.ReadFull(r, hdr); err != nil {
+		if live {
+			return nil // a checkpoint truncated the log under the read
+		}
 		return fmt.Errorf("check write-ahead log %s: %w", walPath, err)
 	}
 	sum, pageSize, ok := walHeader(hdr)
@@ -136,6 +141,9 @@ func checkWAL(path string, live bool) error {
 			break // frames a writer may be writing right now
 		}
 		if _, err := io.ReadFull(r, frame); err != nil {
+			if live {
+				return nil // a checkpoint truncated the log under the read
+			}
 			return fmt.Errorf("check write-ahead log %s: frame %d: %w", walPath, i, err)
 		}
 		current := string(frame[8:16]) == string(salts)
@@ -159,6 +167,15 @@ func checkWAL(path string, live bool) error {
 		bad = i
 	}
 	if indexed && committed > replayed {
+		if live {
+			// Beside a writer the log may have been started over (or
+			// truncated) while it was read: only an index that still
+			// says the same makes what was read a finding.
+			again, againSalts, ok := walIndexFrames(path + "-shm")
+			if !ok || again != committed || string(againSalts) != string(indexSalts) {
+				return nil
+			}
+		}
 		return damagedf(path, "the index of its write-ahead log (%s-shm) says %d frames were committed, but SQLite would replay only %d (frame %d of %s is damaged)",
 			filepath.Base(path), committed, replayed, max(bad, 0), filepath.Base(walPath))
 	}
