@@ -48,9 +48,6 @@ func DamageReason(err error) string {
 	if errors.As(err, &de) {
 		return fmt.Sprintf("local store damaged: %s: %s", de.path, de.detail)
 	}
-	if reason := err.Error(); strings.HasPrefix(reason, "local store damaged") {
-		return strings.TrimSuffix(reason, "; "+rebuildAdvice)
-	}
 	return "local store damaged: " + err.Error()
 }
 

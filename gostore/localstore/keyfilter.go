@@ -271,7 +271,7 @@ func (s *Store) filterPage(ctx context.Context, o snapfile.ScanOptions, cur snap
 	if s.fileGen.Load() != gen {
 		return nil, cur, false, nil // retired since the look-up
 	}
-	f, err := snapfile.Open(ctx, path, snapfile.Options{ReadOnly: true, CacheMiB: filterReaderCacheMiB})
+	f, err := snapfile.Open(ctx, path, snapfile.Options{ReadOnly: true, CacheMiB: filterReaderCacheMiB, LogChecked: true})
 	if err != nil {
 		return nil, cur, true, fmt.Errorf("fill key filter: %w", err)
 	}

@@ -95,9 +95,9 @@ func (s *Store) verifyGen(ctx context.Context, gen int64, paths []string) (repla
 }
 
 // verifyFile opens path read-only beside the store's own connections and
-// verifies it.
+// verifies it. The store's own open checked the file's log.
 func verifyFile(ctx context.Context, path string) error {
-	f, err := snapfile.Open(ctx, path, snapfile.Options{ReadOnly: true})
+	f, err := snapfile.Open(ctx, path, snapfile.Options{ReadOnly: true, LogChecked: true})
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
 	}

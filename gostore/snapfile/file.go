@@ -84,6 +84,11 @@ type Options struct {
 	// one known to hold many rows, which it then writes and reads faster
 	// (a 100k-row segment wrote 20-30% faster than with small pages).
 	LargePages bool
+	// LogChecked skips the check of the write-ahead log (checkWAL): for a
+	// second connection to a file this process holds open already, whose
+	// first open checked the log. The key filter's fill opens the store
+	// once a page, and would otherwise read the whole log each time.
+	LogChecked bool
 }
 
 // LargePageSize is the page size of segments created with LargePages; it
@@ -340,8 +345,10 @@ func Open(ctx context.Context, path string, o Options) (*File, error) {
 	}
 	// Read-only opens may run beside a writer, whose log is still
 	// growing: they check only against the log's index.
-	if err := checkWAL(path, o.ReadOnly); err != nil {
-		return nil, err
+	if !o.LogChecked {
+		if err := checkWAL(path, o.ReadOnly); err != nil {
+			return nil, err
+		}
 	}
 	db, err := openDB(path, o)
 	if err != nil {

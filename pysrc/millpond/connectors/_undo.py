@@ -38,7 +38,7 @@ import stat
 import struct
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Optional, Tuple, cast
+from typing import BinaryIO, Iterable, Iterator, Optional, Tuple, cast
 
 logger = logging.getLogger("millpond")
 
@@ -70,14 +70,22 @@ def _sync_dir(d: Path) -> None:
         os.close(fd)
 
 
-def _write_synced(path: Path, body: bytes) -> None:
-    """Write ``body`` to ``path`` through a temporary name, fsynced."""
+def _write_synced(path: Path, chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` to ``path`` through a temporary name, fsynced."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write(body)
+        for chunk in chunks:
+            f.write(chunk)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def _chunks(fd: int, start: int, end: int) -> Iterator[bytes]:
+    """The bytes ``start..end`` of the file open as ``fd``, a chunk at a time."""
+    while start < end and (chunk := os.pread(fd, min(_CHUNK, end - start), start)):
+        yield chunk
+        start += len(chunk)
 
 
 def _read_meta(meta: Path) -> Optional[Tuple[bytes, int, int]]:
@@ -190,23 +198,15 @@ def truncate(path: Path, f: BinaryIO, offset: int, token: bytes) -> BinaryIO:
                 os.ftruncate(fd, 0)
                 return f
             # The whole file goes: keep it by renaming it, whatever its size.
-            _write_synced(meta, description)
+            _write_synced(meta, [description])
             os.replace(path, data)
             f.close()
             fresh = cast(BinaryIO, open(path, "w+b"))
             os.fchmod(fresh.fileno(), stat.S_IMODE(st.st_mode))
             _sync_dir(path.parent)
             return fresh
-        tmp = data.with_name(data.name + ".tmp")
-        with open(tmp, "wb") as out:
-            at = offset
-            while chunk := os.pread(fd, min(_CHUNK, size - at), at):
-                out.write(chunk)
-                at += len(chunk)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, data)
-        _write_synced(meta, description)
+        _write_synced(data, _chunks(fd, offset, size))
+        _write_synced(meta, [description])
         _sync_dir(path.parent)
     except OSError as ex:
         if f.closed:
