@@ -11,6 +11,7 @@ import dataclasses
 import gc
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -1109,6 +1110,111 @@ def test_whole_from_snapshots_the_untouched_keys_once_enough_are_touched(store, 
     store.close()
     with open_store(store.path.parents[2]) as s:
         assert values(s) == {f"k{i}": i + 100 * (i < touched) for i in range(10)}
+
+
+# -- the packer's chunks ---------------------------------------------------------------
+# Keys are packed 16 at a time with the next chunks looked up ahead
+# (pybindings/snapshot.c): every count around a chunk's edge, in both walks
+# (the touched keys, and the live dict for a whole batch), with deletions
+# among them.
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 32, 33, 47, 48, 49, 100])
+@pytest.mark.parametrize("whole", [False, True], ids=["touched", "whole"])
+def test_every_key_is_packed_whatever_the_count_against_a_chunk(tmp_path, n, whole):
+    with open_store(tmp_path) as s:
+        for i in range(n + 5):
+            s.set(STEP, f"k{i:03d}", box(i))
+        s.snapshot(1)
+        s.whole_from = 0.0 if whole else None
+        # every third key of the first n changes, every seventh goes
+        for i in range(n):
+            if i % 7 == 3:
+                s.discard(STEP, f"k{i:03d}")
+            elif i % 3 == 0:
+                s.get(STEP, f"k{i:03d}").value = -i
+        expected_rows = len([i for i in range(n) if i % 7 == 3 or i % 3 == 0])
+        written = s.snapshot(2)
+        assert s.last_snapshot_whole is whole
+        assert written == (n + 5 if whole else expected_rows)
+    with open_store(tmp_path) as s:
+        assert values(s) == {
+            f"k{i:03d}": (-i if i < n and i % 3 == 0 else i)
+            for i in range(n + 5)
+            if not (i < n and i % 7 == 3)
+        }
+
+
+class _Raises:
+    """Its snapshot fails for the one key told so."""
+
+    def __init__(self, value: Any, fail: bool = False) -> None:
+        self.value = value
+        self.fail = fail
+
+    def snapshot(self) -> Any:
+        if self.fail:
+            raise RuntimeError("snapshot failed")
+        return self.value
+
+
+@pytest.mark.parametrize("at", [0, 15, 16, 20, 39])
+def test_a_failed_snapshot_in_the_middle_of_a_chunk_releases_every_object_it_held(tmp_path, at):
+    with open_store(tmp_path) as s:
+        objs = [_Raises(i, fail=i == at) for i in range(40)]
+        for i, o in enumerate(objs):
+            s.set(STEP, f"k{i:02d}", o)
+        keys = list(s._dirty[STEP])
+        before = [sys.getrefcount(o) for o in objs] + [sys.getrefcount(k) for k in keys]
+        with pytest.raises(SnapshotError, match=f"key 'k{at:02d}'"):
+            s.snapshot(1)
+        after = [sys.getrefcount(o) for o in objs] + [sys.getrefcount(k) for k in keys]
+        assert after == before, "a key or object the packer looked up ahead was not released"
+        objs[at].fail = False
+        assert s.snapshot(1) == 40
+    with open_store(tmp_path) as s:
+        assert values(s) == {f"k{i:02d}": i for i in range(40)}
+
+
+class _Meddler:
+    """Its snapshot touches the store that is snapshotting it."""
+
+    store: Optional[StateStore] = None
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def snapshot(self) -> Any:
+        assert _Meddler.store is not None
+        _Meddler.store.set(STEP, f"new-{self.value}", box(0))
+        return self.value
+
+
+def test_a_snapshot_method_that_touches_the_store_fails_the_snapshot_and_writes_nothing(tmp_path):
+    with open_store(tmp_path) as s:
+        for i in range(40):
+            s.set(STEP, f"k{i:02d}", box(i))
+        s.snapshot(1)
+        s.get(STEP, "k20")
+        s.set(STEP, "k21", _Meddler(21))
+        _Meddler.store = s
+        try:
+            with pytest.raises(SnapshotError, match="changed during snapshot"):
+                s.snapshot(2)
+        finally:
+            _Meddler.store = None
+        assert s.stats()["last_epoch"] == 1
+
+
+def test_a_state_holding_a_large_container_packs_whole(tmp_path):
+    big = {f"f{i}": list(range(i % 50)) for i in range(20_000)}
+    with open_store(tmp_path) as s:
+        for i in range(20):
+            s.set(STEP, f"k{i:02d}", box(big if i == 7 else i))
+        s.snapshot(1)
+    with open_store(tmp_path) as s:
+        assert s.get(STEP, "k07").value == big
+        assert values(s)["k19"] == 19
 
 
 # -- small states pickled in C ---------------------------------------------------------
