@@ -15,7 +15,9 @@ keys come in the order the epoch first touched them. Two measurements:
 2. **synthetic**: 100k keys whose states are a windowing key's snapshot
    tuple, made in key order; 16 snapshots of 45k keys each, sampled at
    random or (the baseline: memory read in the order it was allocated) in
-   key order; keeping on and off alternate.
+   key order; keeping on and off alternate. Then the same with states
+   that are ints (a word count's), where packing is little more than the
+   walk itself.
 
 Compare builds by running it with each build's ``_core`` (copy the built
 ``.so`` aside, rebuild, run again); compare the figures of one run with
@@ -88,9 +90,9 @@ class _State:
         return self.s
 
 
-def synthetic(keys: int = 100_000, touched: int = 45_000, rounds: int = 16) -> Dict[str, List[float]]:
+def synthetic(tiny: bool, keys: int = 100_000, touched: int = 45_000, rounds: int = 16) -> Dict[str, List[float]]:
     """Per-row pack times of random and key-ordered samples of a store of
-    windowing-like states, keeping pickles and not."""
+    windowing-like states (``tiny``: of ints), keeping pickles and not."""
     at = datetime(2024, 3, 1, tzinfo=timezone.utc)
     res: Dict[str, List[float]] = {}
     with tempfile.TemporaryDirectory(prefix="mp-bench-pack-") as d:
@@ -98,6 +100,9 @@ def synthetic(keys: int = 100_000, touched: int = 45_000, rounds: int = 16) -> D
         store.register(STEP, _State)
         names = [f"k{i:06d}" for i in range(keys)]
         for i, k in enumerate(names):
+            if tiny:
+                store.set(STEP, k, _State(i))
+                continue
             store.set(STEP, k, _State((2, (1709251738085000 + i, 1709251200000000, 1709251728085000), None,
                                        ((8, 1709251680000000, 1709251740000000, (), i % 7),),
                                        ((1709251738085000, 4, (k, at, 17)),), 5)))
@@ -130,8 +135,9 @@ def main() -> int:
             print(f"{kind:<9} not keeping {_median(res[False])}")
             print(f"{kind:<9} keeping     {_median(res[True])}")
     if "synthetic" in only:
-        for name, xs in synthetic().items():
-            print(f"synthetic {name:<26} {_median(xs)}")
+        for tiny in (False, True):
+            for name, xs in synthetic(tiny).items():
+                print(f"synthetic{' int' if tiny else ''} {name:<26} {_median(xs)}")
     return 0
 
 
