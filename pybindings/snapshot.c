@@ -61,6 +61,28 @@ static int keep(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *pickle
     return PyDict_DelItem(kept, key);
 }
 
+// Keeps the pickle in scratch as key's last one. A key's state often
+// pickles to as many bytes epoch after epoch: when the bytes object kept
+// for it has that length and nothing but kept holds it, the new pickle is
+// copied into it, with no allocation and no change to the dict (that a
+// bytes object never changes is a promise to whoever holds it; kept's are
+// held by kept alone, private to the store, and never hashed). -1 with an
+// exception set on error.
+static int keep_scratch(mp_carry *carry, PyObject *kept, PyObject *key, const mp_buf *scratch) {
+    PyObject *old = PyDict_GetItemWithError(kept, key);
+    if (old == NULL && PyErr_Occurred()) return -1;
+    if (old != NULL && PyBytes_CheckExact(old) && Py_REFCNT(old) == 1 &&
+        PyBytes_GET_SIZE(old) == (Py_ssize_t)scratch->len) {
+        memcpy(PyBytes_AS_STRING(old), scratch->p, scratch->len);
+        return 0;
+    }
+    PyObject *pickled = PyBytes_FromStringAndSize(scratch->p, (Py_ssize_t)scratch->len);
+    if (pickled == NULL) return -1;
+    int rc = keep(carry, kept, key, pickled);
+    Py_DECREF(pickled);
+    return rc;
+}
+
 // The dict of kept pickles of step (made on first use).
 static PyObject *kept_of(mp_carry *carry, PyObject *step) {
     PyObject *kept = PyDict_GetItemWithError(carry->packed, step);
@@ -214,12 +236,7 @@ static int pack_key(step_ctx *c, PyObject *key, PyObject *obj) {
     if (rc <= 0) {
         Py_DECREF(state);
         if (rc < 0 || put_value(c->b, c->scratch->p, c->scratch->len) < 0) return -1;
-        if (c->kept != NULL) {
-            PyObject *pickled = PyBytes_FromStringAndSize(c->scratch->p, (Py_ssize_t)c->scratch->len);
-            rc = pickled ? keep(c->carry, c->kept, key, pickled) : -1;
-            Py_XDECREF(pickled);
-            if (rc < 0) return -1;
-        }
+        if (c->kept != NULL && keep_scratch(c->carry, c->kept, key, c->scratch) < 0) return -1;
         c->scratch->len = 0;
         c->misses = 0;
         return 0;

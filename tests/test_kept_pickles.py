@@ -107,6 +107,40 @@ def test_pickles_are_kept_from_epochs_that_make_copying_them_likely(tmp_path, to
         assert bool(s._packed) is keeps, "what is not kept is dropped"
 
 
+def test_a_kept_pickle_rewritten_in_place_is_the_newest_and_is_what_a_top_up_copies(tmp_path):
+    # 1000 + 7 * epoch pickles to as many bytes each epoch: the packer
+    # copies each new pickle into the bytes object kept for the key,
+    # unless someone else holds that object.
+    five = [f"k{i}" for i in range(5)]
+    with seeded(tmp_path, 10) as s:
+        for k in five:
+            s.get(STEP, k).value = 1014
+        s.snapshot(2)
+        # ids, not the objects: holding one would keep it from being reused
+        # (a new one is made before the old one is freed, so an equal id is
+        # the same object)
+        first = {k: id(s._packed[STEP][k]) for k in five[1:]}
+        mine = s._packed[STEP]["k0"]
+        for k in five:
+            s.get(STEP, k).value = 1021
+        s.snapshot(3)
+        assert s.last_snapshot_whole and s.last_snapshot_reused == 5
+        kept = s._packed[STEP]
+        assert all(id(kept[k]) == first[k] for k in five[1:]), "the same length's pickle was not copied in place"
+        assert kept["k0"] is not mine and pickle.loads(mine) == 1014, "a pickle someone holds was changed"
+        assert [pickle.loads(kept[k]) for k in five] == [1021] * 5
+        assert [stored(s, k) for k in five] == [1021] * 5
+        # the next top-up copies what the pickles hold now
+        for k in (f"k{i}" for i in range(5, 10)):
+            s.get(STEP, k).value += 100
+        s.snapshot(4)
+        assert s.last_snapshot_reused == 5
+        assert [stored(s, k) for k in five] == [1021] * 5
+    with open_store(tmp_path) as s:
+        assert {k: s.get(STEP, k).value for k in s.keys(STEP)} == {
+            **{k: 1021 for k in five}, **{f"k{i}": i + 100 for i in range(5, 10)}}
+
+
 def test_a_discarded_key_is_no_longer_kept(tmp_path):
     with seeded(tmp_path, 4) as s:
         touch(s, "k0", "k1")
