@@ -216,6 +216,27 @@ def test_a_bit_flipped_in_the_local_store_is_survived_exactly_or_refused(plain_b
     assert not problems, "\n".join(problems)
 
 
+def test_a_step_id_flipped_out_of_utf8_in_the_local_store_is_damage(plain_base: Path, tmp_path: Path) -> None:
+    """Listing a store's steps reads step ids without a row's checksum: a
+    flipped bit that leaves one not UTF-8 must stop the run as local damage
+    (and the next run resume fully), not as a decoding error at start (seen
+    once in a new user's run of the bit-flip test above)."""
+    d = copy_tree(plain_base, tmp_path / "run")
+    store = d / "LOCAL" / FLOW_ID / "worker-0000" / "store.sqlite"
+    _checkpoint(store)
+    con = sqlite3.connect(str(store))
+    try:
+        steps = [r[0] for r in con.execute("SELECT DISTINCT step_id FROM snaps")]
+    finally:
+        con.close()
+    assert steps, "the killed run's store holds no step"
+    data = store.read_bytes()
+    name = steps[0].encode()
+    assert name in data
+    store.write_bytes(data.replace(name, name[:-1] + b"\xff"))
+    assert _rerun_after_local_damage(d, f"step id {steps[0]!r} flipped") == []
+
+
 def _checkpoint_keeping_wal(store: Path, keep_index: bool) -> int:
     """Copy every frame of the store's WAL into its main file, as the
     store's passive checkpoints do, but keep the WAL as the kill left it

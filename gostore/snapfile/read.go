@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"math"
+	"unicode/utf8"
 
 	"github.com/millpond/millpond/gostore/keygroup"
 	"github.com/millpond/millpond/gostore/rowbatch"
@@ -168,6 +169,12 @@ func (f *File) stepAtOrAfter(ctx context.Context, from string) (string, error) {
 	// over steps would then never end.
 	if step.Valid && step.String < from {
 		return "", damagedf(f.path, "damaged index: step %q returned for step ids >= %q", step.String, from)
+	}
+	// Step ids are written as UTF-8, and this read checks no row's
+	// checksum: a flipped bit in one would otherwise reach the caller as
+	// a step id that cannot be decoded, not as damage.
+	if step.Valid && !utf8.ValidString(step.String) {
+		return "", damagedf(f.path, "step id %q is not UTF-8", step.String)
 	}
 	return step.String, nil
 }
