@@ -42,13 +42,8 @@ enum { GIVE_UP_AFTER = 8 };
 // its dict entry, about.
 enum { KEPT_OVERHEAD = 64 };
 
-// Keeps pickled (NULL: nothing) as key's last pickle in kept (a step's
-// dict of them) while carry's budget allows; otherwise forgets the one it
-// kept, which no longer is the key's state. -1 with an exception set on
-// error.
-static int keep(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *pickled) {
-    PyObject *old = PyDict_GetItemWithError(kept, key);
-    if (old == NULL && PyErr_Occurred()) return -1;
+// keep, given what kept holds for key now (old, NULL for nothing).
+static int keep_over(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *old, PyObject *pickled) {
     Py_ssize_t was = old ? PyBytes_GET_SIZE(old) + KEPT_OVERHEAD : 0;
     Py_ssize_t now = pickled ? PyBytes_GET_SIZE(pickled) + KEPT_OVERHEAD : 0;
     if (pickled != NULL && carry->held - was + now <= carry->budget) {
@@ -59,6 +54,16 @@ static int keep(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *pickle
     if (old == NULL) return 0;
     carry->held -= was;
     return PyDict_DelItem(kept, key);
+}
+
+// Keeps pickled (NULL: nothing) as key's last pickle in kept (a step's
+// dict of them) while carry's budget allows; otherwise forgets the one it
+// kept, which no longer is the key's state. -1 with an exception set on
+// error.
+static int keep(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *pickled) {
+    PyObject *old = PyDict_GetItemWithError(kept, key);
+    if (old == NULL && PyErr_Occurred()) return -1;
+    return keep_over(carry, kept, key, old, pickled);
 }
 
 // Keeps the pickle in scratch as key's last one. A key's state often
@@ -78,7 +83,7 @@ static int keep_scratch(mp_carry *carry, PyObject *kept, PyObject *key, const mp
     }
     PyObject *pickled = PyBytes_FromStringAndSize(scratch->p, (Py_ssize_t)scratch->len);
     if (pickled == NULL) return -1;
-    int rc = keep(carry, kept, key, pickled);
+    int rc = keep_over(carry, kept, key, old, pickled);
     Py_DECREF(pickled);
     return rc;
 }
