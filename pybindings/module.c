@@ -127,6 +127,13 @@ static PyMethodDef methods[] = {
      "snapshot_time(t) -> int | object\n\n"
      "A datetime whose tzinfo is timezone.utc as microseconds since 1970 (what windowing snapshots keep);\n"
      "any other value as it is."},
+    {"window_register", py_window_register, METH_VARARGS,
+     "window_register(step, event_clock, system_clock, sliding, session, fold, collect, meta, version) -> None\n\n"
+     "The windowing classes whose objects snapshots read in C (window_snapshot); windowing calls it at import."},
+    {"window_snapshot", py_window_snapshot, METH_O,
+     "window_snapshot(step) -> tuple | NotImplemented\n\n"
+     "What a snapshot writes for a windowing key's state, built in C: the tuple its .snapshot() returns, or\n"
+     "NotImplemented when one of its parts is not windowing's own and .snapshot() must run."},
     {"store_steps", py_store_steps, METH_VARARGS, "store_steps(handle) -> list[str]\n\nThe step ids with rows."},
     {"store_meta", py_store_meta, METH_VARARGS,
      "store_meta(handle) -> dict[str, int]\n\nThe store's metadata and row counts."},

@@ -57,6 +57,13 @@ int mp_pickle_init(void);
 // writer handles every part of obj: 0 written, 1 not handled (out as it
 // was; the caller uses pickle.dumps), -1 error set.
 int mp_fast_pickle(PyObject *obj, int proto, mp_buf *out);
+// t as windowing snapshots keep it: a UTC datetime as microseconds since
+// 1970, anything else as it is (new reference; NULL with an exception set).
+PyObject *mp_snapshot_time(PyObject *t);
+// The snapshot of a windowing operator's key state when obj is one whose
+// parts are all windowing's own classes (window.c): a new reference, NULL
+// with an exception set, or NULL without one when obj.snapshot() must run.
+PyObject *mp_window_snapshot(PyObject *obj);
 // What a batch-mode snapshot keeps of each key's pickle, so that a whole
 // epoch's top-up (the keys the epoch did not touch, which still pack to
 // what they packed to last) copies bytes instead of packing every object
@@ -95,6 +102,8 @@ MP_METHOD(store_hydrate_keys);
 MP_METHOD(touch_keys);
 MP_METHOD(fast_pickle);
 MP_METHOD(snapshot_time);
+MP_METHOD(window_register);
+MP_METHOD(window_snapshot);
 MP_METHOD(store_steps);
 MP_METHOD(store_meta);
 MP_METHOD(store_gc);

@@ -302,8 +302,7 @@ static int64_t days_from_civil(int64_t y, int m, int d) {
 // in a fraction of a datetime's time); any other value as it is. A
 // subclass of datetime goes through (t - 1970) // 1 us, so its own
 // arithmetic decides, as in the Python this replaces.
-MP_METHOD(snapshot_time) {  // METH_O: args is t
-    PyObject *t = args;
+PyObject *mp_snapshot_time(PyObject *t) {
     if (PyDateTime_CheckExact(t)) {
         if (PyDateTime_DATE_GET_TZINFO(t) != PyDateTime_TimeZone_UTC) return Py_NewRef(t);
         int64_t days = days_from_civil(PyDateTime_GET_YEAR(t), PyDateTime_GET_MONTH(t), PyDateTime_GET_DAY(t));
@@ -321,6 +320,8 @@ MP_METHOD(snapshot_time) {  // METH_O: args is t
     Py_XDECREF(delta);
     return micros;
 }
+
+MP_METHOD(snapshot_time) { return mp_snapshot_time(args); }  // METH_O: args is t
 
 int mp_pickle_init(void) {
     PyDateTime_IMPORT;

@@ -31,9 +31,18 @@ from millpond.operators import (  # _UNSET: also the name pickled snapshots of r
     merge,
     stateful_batch,
 )
-from millpond.operators.windowing.clock import UTC_MAX, Clock, ClockLogic, from_snapshot_time, to_snapshot_time
+from millpond import _core
+from millpond.operators.windowing.clock import (
+    UTC_MAX,
+    Clock,
+    ClockLogic,
+    _EventClockLogic,
+    _SystemClockLogic,
+    from_snapshot_time,
+    to_snapshot_time,
+)
 from millpond.operators.windowing.logic import WindowLogic, WindowMetadata, WindowOut
-from millpond.operators.windowing.windower import Windower, WindowerLogic
+from millpond.operators.windowing.windower import Windower, WindowerLogic, _SessionLogic, _SlidingLogic
 
 __all__ = [
     "collect_window",
@@ -157,6 +166,12 @@ class _WindowStep(StatefulBatchLogic[Any, Tuple[int, Any], Any]):
         return self.wake
 
     def snapshot(self) -> Any:
+        # The state store's packer builds this same tuple in C when every
+        # part is windowing's own class (pybindings/window.c, registered at
+        # the end of this module); this method is the definition, and runs
+        # for anything else (a user's WindowLogic). Keep the two in step:
+        # tests/test_window_snapshot.py compares them.
+        #
         # List comprehensions, and no loop at all over nothing: a key's
         # snapshot is taken every epoch it is touched, and a generator
         # costs more than the one or two entries a key usually holds.
@@ -531,3 +546,15 @@ def join_window(
     return window("window", merged, clock._on_values(_untag), windower, logic_builder, ordered)
 
 
+# The classes whose objects snapshots read in C (see _WindowStep.snapshot).
+_core.window_register(
+    _WindowStep,
+    _EventClockLogic,
+    _SystemClockLogic,
+    _SlidingLogic,
+    _SessionLogic,
+    _FoldWindowLogic,
+    _CollectWindowLogic,
+    WindowMetadata,
+    _SNAPSHOT_VERSION,
+)
