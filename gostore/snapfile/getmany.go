@@ -1,6 +1,7 @@
 package snapfile
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -93,116 +94,234 @@ func (f *File) getManyPacked(ctx context.Context, conn func() (*bulkConn, error)
 	return p.pack(true), nil
 }
 
-// getManySQL is the lookup of one key's versions, as Get makes it: the
-// last column tells the table (1 for recent), which wins a tie on epoch.
-func getManySQL(f *File) string {
+// getManySQL reads one table's rows of a step from a key on, up to a last
+// key, in key order (the primary key's), versions of a key oldest first.
+// A run of wanted keys that are neighbours in the table is read by
+// stepping this one statement; a wanted key far from the one before is
+// sought by binding ?2 to it again.
+func getManySQL(f *File, table string) string {
 	crcCol := "crc"
 	if f.legacy {
 		crcCol = "0"
 	}
-	arm := func(table, src string) string {
-		return `SELECT epoch, key_group, value, ` + crcCol + `, ` + src + `
-			FROM ` + table + ` WHERE step_id = ?1 AND state_key = ?2 AND epoch < ?3`
-	}
-	q := arm("snaps", "0")
-	if f.hasRecent {
-		q += ` UNION ALL ` + arm("recent", "1")
-	}
-	// No ORDER BY: the newest version is picked here, and SQLite would
-	// sort the one or two rows of each key in a temporary b-tree.
-	return q
+	return `SELECT state_key, epoch, key_group, value, ` + crcCol + ` FROM ` + table + `
+		WHERE step_id = ?1 AND state_key >= ?2 AND state_key <= ?4 AND epoch < ?3
+		ORDER BY state_key, epoch`
 }
 
 // getMany appends to p the newest row with epoch < before of each of the
-// sorted, distinct keys of step, checking every version read.
+// sorted, distinct keys of step, checking every version read. The recent
+// table's rows, if it has any, are read the same way and win a tie on
+// epoch.
 func (b *bulkConn) getMany(ctx context.Context, p *page, f *File, step string, keys []string, before int64) (err error) {
-	st, err := b.cached(getManySQL(f))
+	// One read transaction: every key is read from the same snapshot of
+	// the file, and the WAL's read lock is taken once, not per key.
+	if err := b.exec("BEGIN"); err != nil {
+		return err
+	}
+	defer func() {
+		if end := b.exec("COMMIT"); end != nil && err == nil {
+			err = end
+		}
+	}()
+	if err := b.walkMany(ctx, p, f, "snaps", step, keys, before); err != nil {
+		return err
+	}
+	if !f.hasRecent {
+		return nil
+	}
+	var recent page
+	if err := b.walkMany(ctx, &recent, f, "recent", step, keys, before); err != nil || len(recent.starts) == 0 {
+		return err
+	}
+	*p = mergeNewest(p, &recent)
+	return nil
+}
+
+// How walkMany moves between wanted keys: it steps over up to
+// getManyReseekAfter rows no key wants before it seeks the next wanted key
+// instead (a seek costs a few steps); once it had to seek, it looks the
+// next getManyProbeEvery keys up one by one and then tries stepping again.
+const (
+	getManyReseekAfter = 8
+	getManyProbeEvery  = 16
+)
+
+// walkMany appends to p the newest row with epoch < before of each of the
+// sorted, distinct keys found in table, checking every version read.
+//
+// It reads the table in key order from the first key, as one range up to
+// the last: keys next to each other in the table (a batch of a flow that
+// reads its keys in order) cost a step each, not a seek each. Where rows
+// no key wants lie between two wanted keys, it steps over a few and then
+// seeks; keys scattered over a large table are then looked up one at a
+// time, the range cut to the key itself so that SQLite ends it without
+// handing back the next row, as cheap as separate lookups, with a probe
+// for neighbours every getManyProbeEvery keys.
+func (b *bulkConn) walkMany(ctx context.Context, p *page, f *File, table, step string, keys []string, before int64) error {
+	st, err := b.cached(getManySQL(f, table))
 	if err != nil {
 		return err
 	}
-	// The step stays bound at the arena's start for every key; each key is
-	// copied after it and bound in turn (SQLITE_STATIC: SQLite reads the
-	// arena in place while it steps).
+	defer sqlite3.Xsqlite3_reset(b.tls, st)
+	// The arena holds the step, the last key and the key sought; SQLite
+	// reads them in place while it steps (SQLITE_STATIC).
+	last := keys[len(keys)-1]
 	longest := 0
 	for _, k := range keys {
 		longest = max(longest, len(k))
 	}
-	if err := b.reserve(len(step) + longest); err != nil {
+	if err := b.reserve(len(step) + len(last) + longest); err != nil {
 		return err
 	}
 	mem := unsafe.Slice((*byte)(cmem(b.arena)), b.size)
 	copy(mem, step)
-	keyAt := b.arena + uintptr(len(step))
+	copy(mem[len(step):], last)
+	lastAt, seekAt := b.arena+uintptr(len(step)), len(step)+len(last)
 	if rc := sqlite3.Xsqlite3_bind_text(b.tls, st, 1, b.arena, int32(len(step)), sqlite3.SQLITE_STATIC) |
 		sqlite3.Xsqlite3_bind_int64(b.tls, st, 3, before); rc != sqlite3.SQLITE_OK {
 		return b.errorf("bind get of", rc)
 	}
-	// One read transaction: every key is read from the same snapshot of
-	// the file, and the WAL's read lock is taken once, not per key. One
-	// key's statement is a transaction of its own already.
-	if len(keys) > 1 {
-		if err := b.exec("BEGIN"); err != nil {
-			return err
+	one := false    // the statement reads keys[i] alone (?4 = ?2)
+	pointsLeft := 0 // lookups of one key before the next probe
+	budget := getManyReseekAfter
+	// seek starts the statement at key: a range to the last key, or the
+	// key alone while keys are scattered.
+	seek := func(key string) error {
+		sqlite3.Xsqlite3_reset(b.tls, st)
+		n := copy(mem[seekAt:], key)
+		at := b.arena + uintptr(seekAt)
+		one = pointsLeft > 0
+		upTo, upToLen := lastAt, len(last)
+		if one {
+			pointsLeft--
+			upTo, upToLen = at, n
 		}
-		defer func() {
-			if end := b.exec("COMMIT"); end != nil && err == nil {
-				err = end
-			}
-		}()
+		if rc := sqlite3.Xsqlite3_bind_text(b.tls, st, 2, at, int32(n), sqlite3.SQLITE_STATIC) |
+			sqlite3.Xsqlite3_bind_text(b.tls, st, 4, upTo, int32(upToLen), sqlite3.SQLITE_STATIC); rc != sqlite3.SQLITE_OK {
+			return b.errorf("bind get of", rc)
+		}
+		return nil
 	}
-	defer sqlite3.Xsqlite3_reset(b.tls, st)
+	if err := seek(keys[0]); err != nil {
+		return err
+	}
 	stepBytes := []byte(step)
-	for i, key := range keys {
-		if i%getManyCheckEvery == 0 {
+	i := 0         // the wanted key rows are compared with
+	found := false // keys[i] has a row in p (its newest so far)
+	skipped := 0   // rows stepped over since the last wanted one
+	sought := true // no row read since the last seek
+	for rows := 0; i < len(keys); rows++ {
+		if rows%getManyCheckEvery == 0 {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
 		}
-		n := copy(mem[len(step):], key)
-		if rc := sqlite3.Xsqlite3_bind_text(b.tls, st, 2, keyAt, int32(n), sqlite3.SQLITE_STATIC); rc != sqlite3.SQLITE_OK {
-			return b.errorf("bind get of", rc)
+		rc := sqlite3.Xsqlite3_step(b.tls, st)
+		if rc == sqlite3.SQLITE_DONE {
+			if !one {
+				return nil // no row up to the last key
+			}
+			if i++; i == len(keys) {
+				return nil
+			}
+			found = false
+			if err := seek(keys[i]); err != nil {
+				return err
+			}
+			skipped, sought = 0, true
+			continue
 		}
-		if err := b.getOne(st, p, f, stepBytes, mem[len(step):len(step)+n]); err != nil {
+		if rc != sqlite3.SQLITE_ROW {
+			return b.errorf(fmt.Sprintf("get %q of", keys[i]), rc)
+		}
+		key := b.columnBytes(st, 0, false)
+		// Past keys[i]: its versions are all read; move on to the first
+		// wanted key at or after this row's.
+		for i < len(keys) && string(key) > keys[i] {
+			i++
+			found = false
+		}
+		if i == len(keys) {
+			return nil
+		}
+		if string(key) != keys[i] {
+			// A row no key wants, before keys[i] (only a range reads one).
+			sought = false
+			if skipped++; skipped > budget {
+				budget, pointsLeft = 0, getManyProbeEvery
+				if err := seek(keys[i]); err != nil {
+					return err
+				}
+				skipped, sought = 0, true
+			}
+			continue
+		}
+		if !found && !sought && skipped == 0 {
+			// The row after the last wanted key's is wanted too:
+			// neighbours, worth stepping over a gap for.
+			budget = getManyReseekAfter
+		}
+		skipped, sought = 0, false
+		epoch := sqlite3.Xsqlite3_column_int64(b.tls, st, 1)
+		group := sqlite3.Xsqlite3_column_int64(b.tls, st, 2)
+		deleted := sqlite3.Xsqlite3_column_type(b.tls, st, 3) == sqlite3.SQLITE_NULL
+		var val []byte
+		if !deleted {
+			val = b.columnBytes(st, 3, true)
+		}
+		if err := f.checkRow(&b.crc, stepBytes, key, epoch, group, deleted, val, sqlite3.Xsqlite3_column_int64(b.tls, st, 4)); err != nil {
 			return err
 		}
+		// Versions come oldest first: each replaces the one before.
+		if found {
+			p.dropLast()
+		}
+		p.add(key, epoch, val, deleted)
+		found = true
 	}
 	return nil
 }
 
-// getOne steps st (bound to one key) through the key's versions, checks
-// each, and appends the newest to p, replacing an older one added before.
-func (b *bulkConn) getOne(st uintptr, p *page, f *File, step, key []byte) error {
-	defer sqlite3.Xsqlite3_reset(b.tls, st)
-	added := false
-	var bestEpoch, bestSrc int64
-	for {
-		switch rc := sqlite3.Xsqlite3_step(b.tls, st); rc {
-		case sqlite3.SQLITE_ROW:
-		case sqlite3.SQLITE_DONE:
-			return nil
+// mergeNewest merges two pages of sorted, distinct keys into one: a key in
+// both takes the newer row, recent's on a tie.
+func mergeNewest(snaps, recent *page) page {
+	var out page
+	i, j := 0, 0
+	for i < len(snaps.starts) || j < len(recent.starts) {
+		var from *page
+		var at int
+		switch {
+		case j == len(recent.starts):
+			from, at = snaps, i
+			i++
+		case i == len(snaps.starts):
+			from, at = recent, j
+			j++
 		default:
-			return b.errorf(fmt.Sprintf("get %q of", key), rc)
+			ks, kr := snaps.key(i), recent.key(j)
+			switch c := bytes.Compare(ks, kr); {
+			case c < 0:
+				from, at = snaps, i
+				i++
+			case c > 0:
+				from, at = recent, j
+				j++
+			default:
+				_, es, _, _ := snaps.entry(i)
+				_, er, _, _ := recent.entry(j)
+				from, at = recent, j
+				if es > er {
+					from, at = snaps, i
+				}
+				i++
+				j++
+			}
 		}
-		epoch := sqlite3.Xsqlite3_column_int64(b.tls, st, 0)
-		group := sqlite3.Xsqlite3_column_int64(b.tls, st, 1)
-		deleted := sqlite3.Xsqlite3_column_type(b.tls, st, 2) == sqlite3.SQLITE_NULL
-		var val []byte
-		if !deleted {
-			val = b.columnBytes(st, 2, true)
-		}
-		if err := f.checkRow(&b.crc, step, key, epoch, group, deleted, val, sqlite3.Xsqlite3_column_int64(b.tls, st, 3)); err != nil {
-			return err
-		}
-		src := sqlite3.Xsqlite3_column_int64(b.tls, st, 4)
-		if added && (epoch < bestEpoch || (epoch == bestEpoch && src <= bestSrc)) {
-			continue
-		}
-		if added {
-			p.dropLast()
-		}
-		p.add(key, epoch, val, deleted)
-		added, bestEpoch, bestSrc = true, epoch, src
+		key, epoch, val, deleted := from.entry(at)
+		out.add(key, epoch, val, deleted)
 	}
+	return out
 }
 
 // sortedDistinct reports whether keys are in strictly increasing order

@@ -365,10 +365,22 @@ func TestGetAndGetManyPackedAnswerWhatWasWrittenRandomized(t *testing.T) {
 				require.NoError(t, err)
 			}
 		}
-		for q := range 20 {
+		sortedUniverse := slices.Sorted(slices.Values(universe))
+		for q := range 40 {
 			keys := make([]string, rng.IntN(60))
 			for i := range keys {
 				keys[i] = universe[rng.IntN(len(universe))]
+			}
+			if q%2 == 1 {
+				// Runs of neighbours, with gaps of every length between
+				// them: the walk steps through the runs and seeks across
+				// the gaps.
+				keys = keys[:0]
+				for at := rng.IntN(50); at < len(sortedUniverse) && len(keys) < 200; {
+					run := 1 + rng.IntN(30)
+					keys = append(keys, sortedUniverse[at:min(at+run, len(sortedUniverse))]...)
+					at += run + []int{0, 1, 2, 9, 10, 40}[rng.IntN(6)]
+				}
 			}
 			before := int64(rng.IntN(8))
 			for _, step := range []string{"s", "t", "nope"} {
