@@ -110,10 +110,11 @@ static PyMethodDef methods[] = {
     {"store_get", py_store_get, METH_VARARGS,
      "store_get(handle, step_id, key) -> None | (epoch, bytes | None)\n\nThe newest row of a key (None for a deletion)."},
     {"store_hydrate_keys", py_store_hydrate_keys, METH_VARARGS,
-     "store_hydrate_keys(handle, step_id, keys, live, skip, builder, loads) -> int\n\n"
+     "store_hydrate_keys(handle, step_id, keys, live, skip, builder, loads, absent=None) -> int\n\n"
      "For every key of the list not in live or skip whose newest row holds a value: live[key] =\n"
      "builder(loads(value)), the rows read in one call to the core; return how many. Keys without a row or\n"
-     "deleted are left out. If builder or loads raises, the exception propagates (objects built before stay)."},
+     "deleted are left out. With absent (a set), every key of the list live does not hold afterwards is added\n"
+     "to it. If builder or loads raises, the exception propagates (objects built before stay)."},
     {"touch_keys", py_touch_keys, METH_VARARGS,
      "touch_keys(live, keys) -> list[str]\n\n"
      "Move every key of keys found in the dict live to its end (the most recently used place); return the\n"

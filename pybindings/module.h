@@ -34,10 +34,12 @@ static inline const char *mp_get_uvarint(const char *p, const char *end, uint64_
 // Builds live objects from a packed page of rows (snapfile's page format,
 // as mp_scan_next and mp_store_get_many return it): for every key with a
 // value (deletions are skipped) not in live and not in skip,
-// live[key] = builder(loads(value)). Returns how many it built, or -1 with
-// an exception set (scan.c).
-Py_ssize_t mp_hydrate_page(const char *buf, size_t len, PyObject *live, PyObject *skip, PyObject *builder,
-                           PyObject *loads);
+// live[key] = builder(loads(value)). With asked (a sorted list of the
+// str keys the page answers, or NULL), each key is the object of asked
+// with its UTF-8 rather than a new string. Returns how many it built, or
+// -1 with an exception set (scan.c).
+Py_ssize_t mp_hydrate_page(const char *buf, size_t len, PyObject *asked, PyObject *live, PyObject *skip,
+                           PyObject *builder, PyObject *loads);
 // The shapes most calls share: fn(handle) with no result, and fn(handle)
 // returning a record as JSON. args holds the one handle.
 typedef int (*mp_handle_fn)(uintptr_t, int *, char **);

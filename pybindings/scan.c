@@ -3,6 +3,7 @@
 #include "module.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "_cgo_export.h"
 
@@ -79,11 +80,31 @@ static PyObject *unpack_kv(const char *buf, size_t len) {
     return list;
 }
 
+// The key object of asked (a sorted list of str) whose UTF-8 is k, moving
+// *j past the smaller ones; NULL if asked has none (new reference).
+static PyObject *asked_key(PyObject *asked, Py_ssize_t *j, const char *k, size_t kl) {
+    for (; *j < PyList_GET_SIZE(asked); (*j)++) {
+        PyObject *a = PyList_GET_ITEM(asked, *j);
+        Py_ssize_t al;
+        const char *as = PyUnicode_AsUTF8AndSize(a, &al);  // encoded when asked
+        if (as == NULL) {
+            PyErr_Clear();
+            continue;
+        }
+        int c = memcmp(as, k, (size_t)al < kl ? (size_t)al : kl);
+        if (c == 0) c = ((size_t)al > kl) - ((size_t)al < kl);
+        if (c == 0) return Py_NewRef(a);
+        if (c > 0) break;
+    }
+    return NULL;
+}
+
 // Builds live objects from a packed page (declared in module.h; scans and
 // store_hydrate_keys share it). Doing this loop in C keeps a restore's
 // per-key cost to the unpickling and the builder themselves.
-Py_ssize_t mp_hydrate_page(const char *buf, size_t len, PyObject *live, PyObject *skip, PyObject *builder,
-                          PyObject *loads) {
+Py_ssize_t mp_hydrate_page(const char *buf, size_t len, PyObject *asked, PyObject *live, PyObject *skip,
+                           PyObject *builder, PyObject *loads) {
+    Py_ssize_t j = 0;
     const char *p = buf, *end = buf + len;
     uint64_t n;
     if ((p = mp_get_uvarint(p, end, &n)) == NULL || n > len) {
@@ -98,7 +119,8 @@ Py_ssize_t mp_hydrate_page(const char *buf, size_t len, PyObject *live, PyObject
             return -1;
         }
         if (e.val == NULL) continue;
-        PyObject *k = PyUnicode_DecodeUTF8(e.key, (Py_ssize_t)e.key_len, "surrogatepass");
+        PyObject *k = asked ? asked_key(asked, &j, e.key, e.key_len) : NULL;
+        if (k == NULL) k = PyUnicode_DecodeUTF8(e.key, (Py_ssize_t)e.key_len, "surrogatepass");
         if (k == NULL) return -1;
         int present = PyDict_Contains(live, k);
         if (present == 0) present = PySet_Contains(skip, k);
@@ -132,7 +154,7 @@ MP_METHOD(scan_hydrate) {
     size_t len = 0;
     CALL_GO(mp_scan_next(h, &out, &len, &kind, &msg));
     if (out == NULL) Py_RETURN_NONE;
-    Py_ssize_t built = mp_hydrate_page(out, len, live, skip, builder, loads);
+    Py_ssize_t built = mp_hydrate_page(out, len, NULL, live, skip, builder, loads);
     free(out);
     if (built < 0) return NULL;
     return PyLong_FromSsize_t(built);

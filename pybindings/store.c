@@ -96,18 +96,32 @@ static int put_key(char **buf, size_t *len, size_t *cap, const char *s, size_t n
     return 0;
 }
 
+// Adds to absent (if not NULL) every key of keys that live does not hold.
+static int add_absent(PyObject *keys, PyObject *live, PyObject *absent) {
+    for (Py_ssize_t i = 0; absent != NULL && i < PyList_GET_SIZE(keys); i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        int in = PyDict_Contains(live, key);
+        if (in < 0 || (in == 0 && PySet_Add(absent, key) < 0)) return -1;
+    }
+    return 0;
+}
+
 // One call for the stored state of many keys: the keys not yet live and not
-// in skip cross to the core in one buffer of length-prefixed UTF-8, are
-// looked up there in one pass (the GIL released), and come back as a packed
-// page that mp_hydrate_page turns into live objects.
+// in skip cross to the core in one buffer of length-prefixed UTF-8, sorted
+// and each once, are looked up there in one pass (the GIL released), and
+// come back as a packed page in the same order, which mp_hydrate_page turns
+// into live objects under the key objects asked with (a str sorts as its
+// UTF-8 does).
 MP_METHOD(store_hydrate_keys) {
     unsigned long long h;
     const char *step;
     Py_ssize_t sl;
-    PyObject *keys, *live, *skip, *builder, *loads;
-    if (!PyArg_ParseTuple(args, "Ks#O!O!O!OO", &h, &step, &sl, &PyList_Type, &keys, &PyDict_Type, &live, &PySet_Type,
-                          &skip, &builder, &loads))
+    PyObject *keys, *live, *skip, *builder, *loads, *absent = NULL;
+    if (!PyArg_ParseTuple(args, "Ks#O!O!O!OO|O!", &h, &step, &sl, &PyList_Type, &keys, &PyDict_Type, &live, &PySet_Type,
+                          &skip, &builder, &loads, &PySet_Type, &absent))
         return NULL;
+    PyObject *asked = PyList_New(0);
+    if (asked == NULL) return NULL;
     char *buf = NULL;
     size_t len = 0, cap = 0, count = 0;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
@@ -120,21 +134,31 @@ MP_METHOD(store_hydrate_keys) {
         if (present == 0) present = PySet_Contains(skip, key);
         if (present < 0) goto fail;
         if (present) continue;
-        Py_ssize_t kl;
-        const char *k = PyUnicode_AsUTF8AndSize(key, &kl);
-        if (k == NULL) {
-            // A key with a lone surrogate is never stored (snapshots refuse
-            // it): it has no row, like any other key not found.
+        // A key with a lone surrogate is never stored (snapshots refuse
+        // it): it has no row, like any other key not found.
+        if (PyUnicode_AsUTF8AndSize(key, NULL) == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) goto fail;
             PyErr_Clear();
             continue;
         }
+        if (PyList_Append(asked, key) < 0) goto fail;
+    }
+    if (PyList_Sort(asked) < 0) goto fail;
+    const char *prev = NULL;
+    Py_ssize_t prev_len = -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(asked); i++) {
+        Py_ssize_t kl;
+        const char *k = PyUnicode_AsUTF8AndSize(PyList_GET_ITEM(asked, i), &kl);  // cached above
+        if (kl == prev_len && memcmp(k, prev, (size_t)kl) == 0) continue;
         if (put_key(&buf, &len, &cap, k, (size_t)kl) < 0) goto fail;
+        prev = k;
+        prev_len = kl;
         count++;
     }
     if (count == 0) {
+        Py_DECREF(asked);
         free(buf);
-        return PyLong_FromLong(0);
+        return add_absent(keys, live, absent) < 0 ? NULL : PyLong_FromLong(0);
     }
     // CALL_GO's steps, with the key list freed before an error returns.
     char *out = NULL;
@@ -145,12 +169,17 @@ MP_METHOD(store_hydrate_keys) {
     kind = mp_store_get_many(h, (char *)step, (size_t)sl, buf, len, count, &out, &out_len, &kind, &msg);
     Py_END_ALLOW_THREADS
     free(buf);
-    if (kind) return mp_raise(kind, msg);
-    Py_ssize_t built = mp_hydrate_page(out, out_len, live, skip, builder, loads);
+    if (kind) {
+        Py_DECREF(asked);
+        return mp_raise(kind, msg);
+    }
+    Py_ssize_t built = mp_hydrate_page(out, out_len, asked, live, skip, builder, loads);
     free(out);
-    if (built < 0) return NULL;
+    Py_DECREF(asked);
+    if (built < 0 || add_absent(keys, live, absent) < 0) return NULL;
     return PyLong_FromSsize_t(built);
 fail:
+    Py_DECREF(asked);
     free(buf);
     return NULL;
 }

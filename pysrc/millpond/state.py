@@ -760,7 +760,8 @@ class StateStore(_LiveState):
             # key moves to its end (a pop and an insert, in the core's C).
             missing = _core.touch_keys(live, keys)
         elif step_id in self._maybe_stored:
-            missing = [key for key in keys if key not in live]
+            # The core call skips live keys itself.
+            missing = keys if type(keys) is list else list(keys)
         else:
             return 0
         if not missing or step_id not in self._maybe_stored:
@@ -781,9 +782,11 @@ class StateStore(_LiveState):
             if not still:
                 return 0
             missing = still
+        absent: set[str] = set()
         try:
             built = int(_core.store_hydrate_keys(
-                self._require_handle(), step_id, missing, live, deleted, self._builders[step_id], pickle.loads
+                self._require_handle(), step_id, missing, live, deleted, self._builders[step_id], pickle.loads,
+                absent,
             ))
         except UnicodeEncodeError:
             # A key the store cannot hold: the per-key path names it.
@@ -791,8 +794,8 @@ class StateStore(_LiveState):
         stats = self.live_stats
         stats.hydrated += built
         stats.hydrate_calls += 1
-        if built < len(missing):
-            self._absent[step_id] = {key for key in missing if key not in live}
+        if absent:
+            self._absent[step_id] = absent
         else:
             self._absent.pop(step_id, None)
         return built
