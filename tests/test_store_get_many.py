@@ -119,6 +119,33 @@ def test_duplicate_keys_are_built_once(handle):
     assert calls == [1] and live == {"a": 1}
 
 
+def test_objects_are_stored_under_the_key_objects_asked_with(handle):
+    """Keys asked in any order, twice, or with keys that are not stored:
+    each object built is stored under the very str object asked with (its
+    hash already computed), not a copy decoded from the core's answer."""
+    asked = ["".join(["ol", "d"]), "".join(["🦀"]), "zz-none", "".join(["a"]), "ключ", "a"]
+    live: dict[str, Any] = {}
+    assert _core.store_hydrate_keys(handle, STEP, asked, live, set(), Built, pickle.loads) == 4
+    assert states(live) == {"a": 1, "old": "second", "ключ": "key", "🦀": {"crab": 1}}
+    for key in live:
+        assert any(key is a for a in asked), key
+
+
+def test_absent_collects_every_key_asked_that_is_not_live_after(handle):
+    live: dict[str, Any] = {"b": "live already"}
+    absent: set[str] = set()
+    keys = ["a", "b", "deleted", "never", "skipped", "lone\udcff", "never"]
+    built = _core.store_hydrate_keys(handle, STEP, keys, live, {"skipped"}, Built, pickle.loads, absent)
+    assert built == 1 and set(live) == {"a", "b"}
+    assert absent == {"deleted", "never", "skipped", "lone\udcff"}
+    # nothing to look up at all: still collected
+    again: set[str] = set()
+    assert _core.store_hydrate_keys(handle, STEP, ["a", "x"], {"a": 1, "x": 2}, set(), Built, pickle.loads, again) == 0
+    assert again == set()
+    assert _core.store_hydrate_keys(handle, STEP, ["q"], {}, {"q"}, Built, pickle.loads, again) == 0
+    assert again == {"q"}
+
+
 def test_many_keys_at_once(tmp_path):
     with StateStore.open(tmp_path, "flow") as store:
         h = store._require_handle()
