@@ -15,6 +15,7 @@ the fly; nothing is materialized), into ``stateful_map`` whose state is
    session, with a stdlib ``sqlite3`` scan of ``store.sqlite`` (tables
    ``snaps`` and ``recent``) unpickling every value, and with
    ``StateStore.prefetch`` + ``get`` called directly in batches of 1000
+   (in key order, and without a limit also in random order)
    (plus ``hydrate_all`` and a few thousand single ``get`` for context).
 2. **limited**: 5M distinct keys with a 100k limit against the unlimited
    run on 1M keys (peak RSS, items/s); **hot**: 5M items, 95% of keys from
@@ -291,15 +292,20 @@ def child_direct(spec: Dict[str, Any]) -> Dict[str, Any]:
     dt = time.perf_counter() - t0
     out["single_get"] = {"keys": len(sample), "us_per_key": dt / len(sample) * 1e6}
     store.close()
-    # No limit, then the limit (last: its evictions write the touched keys).
-    for limit in (None, spec.get("limit")):
+    # No limit in key order and in random order (a flow whose batches
+    # scatter over the keys), then the limit (last: its evictions write the
+    # touched keys).
+    scattered = list(keys)
+    random.Random(0).shuffle(scattered)
+    for name, limit, order in (("nolimit", None, keys), ("nolimit_random", None, scattered),
+                               ("limit", spec.get("limit"), keys)):
         store = StateStore.open(root, FLOW_ID)
         store.register(step_id, Obj, evictable=True)
         store.limit_live_keys(limit)
         t0 = time.perf_counter()
         got = 0
-        for i in range(0, len(keys), batch):
-            chunk = keys[i:i + batch]
+        for i in range(0, len(order), batch):
+            chunk = order[i:i + batch]
             store.prefetch(step_id, chunk)
             for k in chunk:
                 if store.get(step_id, k) is not None:
@@ -308,7 +314,7 @@ def child_direct(spec: Dict[str, Any]) -> Dict[str, Any]:
                 store.evict(epoch)
         dt = time.perf_counter() - t0
         s = store.live_stats
-        out["limit" if limit else "nolimit"] = {
+        out[name] = {
             "seconds": dt, "us_per_key": dt / len(keys) * 1e6, "got": got,
             "hydrate_calls": s.hydrate_calls, "hydrated": s.hydrated, "single_gets": s.single_gets,
             "evicted": s.evicted, "spilled": s.spilled,
@@ -496,7 +502,10 @@ def fmt_report(out: Dict[str, Any]) -> str:
                 lines.append(f"      log: {ln}")
         d = rt["direct"]
         for name, label in (("nolimit", "StateStore.prefetch+get x1000, no limit"),
+                            ("nolimit_random", "  the same, keys in random order"),
                             ("limit", "StateStore.prefetch+get x1000, limit")):
+            if name not in d:
+                continue
             x = d[name]
             lines.append(f"  {label:44s} {x['seconds']:7.2f} {x['us_per_key']:7.2f} {x['seconds'] / scan:7.2f}"
                          f"   ({x['hydrate_calls']} multi-gets, {x['single_gets']} single)")
