@@ -86,6 +86,21 @@ MP_METHOD(window_register) {
     Py_RETURN_NONE;
 }
 
+// A tuple of the n new references in parts when complete (they are all
+// set); otherwise NULL, releasing those that are (an exception is set, or
+// the part that is missing was not handled).
+static PyObject *tuple_of(PyObject **parts, int n, int complete) {
+    PyObject *out = complete ? PyTuple_New(n) : NULL;
+    for (int i = 0; i < n; i++) {
+        if (out != NULL) {
+            PyTuple_SET_ITEM(out, i, parts[i]);
+        } else {
+            Py_XDECREF(parts[i]);
+        }
+    }
+    return out;
+}
+
 // The clock's snapshot (new reference), NULL with an exception set, or NULL
 // without one for a clock this does not know. Here and below, a slot that is
 // unset is "not handled" too: the Python method then raises what it raises.
@@ -162,15 +177,7 @@ static PyObject *window_entry(PyObject *wid, PyObject *meta, PyObject *logic) {
     Py_XDECREF(open);
     Py_XDECREF(close);
     Py_XDECREF(merged);
-    PyObject *out = parts[4] ? PyTuple_New(5) : NULL;
-    for (int i = 0; i < 5; i++) {
-        if (out != NULL) {
-            PyTuple_SET_ITEM(out, i, parts[i]);
-        } else {
-            Py_XDECREF(parts[i]);
-        }
-    }
-    return out;
+    return tuple_of(parts, 5, parts[4] != NULL);
 }
 
 // The open windows, in the windows dict's order; () when there are none.
@@ -237,15 +244,7 @@ PyObject *mp_window_snapshot(PyObject *obj) {
     if (parts[1] != NULL) parts[2] = windower_snapshot(windower);
     if (parts[2] != NULL) parts[3] = windows_snapshot(windows, metas);
     if (parts[3] != NULL) parts[4] = buffer_snapshot(buffer);
-    PyObject *out = parts[4] ? PyTuple_New(6) : NULL;
-    for (int i = 0; i < 6; i++) {
-        if (out != NULL) {
-            PyTuple_SET_ITEM(out, i, parts[i]);
-        } else {
-            Py_XDECREF(parts[i]);
-        }
-    }
-    return out;
+    return tuple_of(parts, 6, parts[4] != NULL);
 }
 
 // window_snapshot(step) -> tuple | NotImplemented: what the packer writes
