@@ -131,6 +131,29 @@ def test_abort_then_fast_resume_equals_uninterrupted_run(tmp_path, caplog, mode)
     assert epoch > 5
 
 
+def test_state_and_backup_directories_named_with_uri_characters(tmp_path, caplog):
+    """The local store and the segments are SQLite files opened both by name
+    and through a URI: a directory whose name holds '#', '?' or '%' is the
+    same directory on every connection (it was not: such a run failed to
+    create its store). Abort, fast resume and full resume are exact."""
+    caplog.set_level(logging.INFO, logger="millpond")
+    state = tmp_path / "state #1?x=1&y%41"
+    state.mkdir()
+    cfg = RecoveryConfig(state, backup=str(tmp_path / "backup #2?%"))
+    data = make_data()
+
+    def lose_disk(i: int) -> None:
+        if i == 2:
+            shutil.rmtree(state)
+            state.mkdir()
+
+    result = run_scenario(lambda i: cfg, data, aborts=[30, 60], workers=[1, 1, 1, 1], before_run=lose_disk)
+    check_against_uninterrupted(result, data)
+    lines = resume_lines(caplog)
+    assert "fast resume" in lines[1] and "full resume" in lines[2], lines
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backup #2?%", "state #1?x=1&y%41"]
+
+
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
 def test_full_resume_after_losing_the_local_state_dir(tmp_path, caplog, mode):
     caplog.set_level(logging.INFO, logger="millpond")

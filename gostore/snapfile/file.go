@@ -181,7 +181,18 @@ func cacheMiB(o Options) int {
 	}
 }
 
+// uriPath is path as the name part of an SQLite URI ("file:" + name): the
+// characters a URI gives a meaning to ('?' starts its query, '#' its
+// fragment, '%' an escape) are escaped, so that a directory named "a#b"
+// opens the same file on a URI connection as on one opened by name.
+func uriPath(path string) string {
+	return uriEscaper.Replace(path)
+}
+
+var uriEscaper = strings.NewReplacer("%", "%25", "?", "%3F", "#", "%23")
+
 func dsn(path string, o Options) string {
+	path = uriPath(path)
 	if o.ReadOnly {
 		// Nothing that would write: journal mode and vacuum settings
 		// are the file's already.
@@ -276,7 +287,7 @@ func Create(ctx context.Context, path string, meta Meta, o Options) (*File, erro
 // page size, before page_size is applied; so both are set first, on a
 // connection of their own, and VACUUM writes them into the header.
 func setPageSize(ctx context.Context, path string, size int) error {
-	db, err := sql.Open("sqlite", "file:"+path)
+	db, err := sql.Open("sqlite", "file:"+uriPath(path))
 	if err != nil {
 		return err
 	}

@@ -332,3 +332,38 @@ func TestEachKindOfFileGetsItsPageCache(t *testing.T) {
 		})
 	}
 }
+
+// A path is handed to SQLite inside a URI on some connections and as a
+// plain name on others: characters a URI gives a meaning to ('?' starts
+// its query, '#' its fragment, '%' an escape) must reach every connection
+// as part of the name, or the connections open different files.
+func TestAPathWithURICharactersIsThatFileOnEveryConnection(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{"a#b", "a?b", "a%41b", "a%2", "sp ace", "q?x=1&mode=ro#f"} {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			dir := filepath.Join(root, name)
+			require.NoError(t, os.MkdirAll(dir, 0o700))
+			path := filepath.Join(dir, "s.sqlite")
+			f, err := Create(ctx, path, testMeta(), Options{})
+			require.NoError(t, err)
+			_, err = f.Write(ctx, []rowbatch.Row{row("s", "k", 1, "v1"), row("s", "j", 1, "v2")})
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+			// nothing was made beside it
+			entries, err := os.ReadDir(root)
+			require.NoError(t, err)
+			require.Len(t, entries, 1, "only %q under %s", name, root)
+			require.Equal(t, name, entries[0].Name())
+			for _, o := range []Options{{}, {ReadOnly: true}} {
+				f, err := Open(ctx, path, o)
+				require.NoError(t, err, "open %+v", o)
+				assert.Equal(t, testMeta().FlowID, f.Meta().FlowID)
+				assert.Equal(t, map[string]string{"s/j": "v2", "s/k": "v1"}, scanAll(t, f, ScanOptions{}))
+				assert.Equal(t, []rowbatch.Row{row("s", "j", 1, "v2"), row("s", "k", 1, "v1")},
+					getMany(t, f, "s", []string{"k", "j"}, 0))
+				require.NoError(t, f.Close())
+			}
+		})
+	}
+}
