@@ -22,6 +22,7 @@ export CGO_CFLAGS := -I$(PY_INCLUDE) -O2
 FUZZ_DECODE_RUNS   ?= 80000x
 FUZZ_SNAPFILE_RUNS ?= 2000x
 FUZZ_WAL_RUNS      ?= 3000x
+FUZZ_GETMANY_RUNS  ?= 2000x
 
 .PHONY: all demo test test-fast gotest gotest-race gotest-long govet gofuzz pytest mypy ext venv bench clean fuzz
 .PHONY: test-lane-go test-lane-long test-lane-py kafka-jars
@@ -69,11 +70,13 @@ gofuzz:
 	go test -run='^$$' -fuzz=FuzzDecodeBatch -fuzztime=$(FUZZ_DECODE_RUNS) ./gostore/rowbatch
 	go test -run='^$$' -fuzz=FuzzOpenSnapshotFile -fuzztime=$(FUZZ_SNAPFILE_RUNS) ./gostore/snapfile
 	go test -run='^$$' -fuzz=FuzzCheckWAL -fuzztime=$(FUZZ_WAL_RUNS) ./gostore/snapfile
+	go test -run='^$$' -fuzz=FuzzGetManyPacked -fuzztime=$(FUZZ_GETMANY_RUNS) ./gostore/snapfile
 
 FUZZTIME ?= 5m
 fuzz: FUZZ_DECODE_RUNS=$(FUZZTIME)
 fuzz: FUZZ_SNAPFILE_RUNS=$(FUZZTIME)
 fuzz: FUZZ_WAL_RUNS=$(FUZZTIME)
+fuzz: FUZZ_GETMANY_RUNS=$(FUZZTIME)
 fuzz: gofuzz
 
 # pytest runs on PYTEST_WORKERS pytest-xdist workers (0: in this process).

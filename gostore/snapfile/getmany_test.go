@@ -1,6 +1,7 @@
 package snapfile
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/binary"
@@ -440,4 +441,68 @@ func TestMergePackedInterleavesByKey(t *testing.T) {
 		_, err := MergePacked(bad, []PackedEntry{{Key: "k", Epoch: 1}})
 		assert.ErrorIs(t, err, errMalformedPage, "%v", bad)
 	}
+}
+
+// FuzzGetManyPacked writes the rows its input describes into a local store
+// file (keys of a 200-key universe, epochs 1-6, deletions, the recent
+// table folded into snaps now and then) and asks for the keys it describes
+// as runs of neighbours with gaps between them, of every length the walk
+// treats differently (stepped over, sought, looked up one by one, probed):
+// GetManyPacked, on both connections, and Get per key answer what a model
+// of the rows does.
+func FuzzGetManyPacked(f *testing.F) {
+	f.Add([]byte{4, 3, 10, 1, 7, 11, 2, 9, 12, 131, 200, 3, 0, 1, 0xff, 0x3d, 0x08, 0x17})
+	f.Add([]byte{12, 0, 0, 1, 0, 1, 1, 0, 2, 2, 1, 1, 3, 1, 2, 4, 2, 130, 5, 3, 1, 6, 3, 0, 7, 4, 1, 8, 4, 5, 9, 5, 6, 10, 5, 0xf8, 0xf8, 0x05, 0x07})
+	f.Add(bytes.Repeat([]byte{60, 1, 2, 0x45}, 60))
+	const universe = 200
+	key := func(i int) string { return fmt.Sprintf("k%03d", i%universe) }
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 2 {
+			return
+		}
+		ops := min(int(data[0]), (len(data)-2)/3)
+		before := int64(data[1] % 8)
+		body, query := data[2:2+3*ops], data[2+3*ops:]
+		file := newFile(t)
+		model := rowModel{}
+		ctx := context.Background()
+		var batch []rowbatch.Row
+		for i := 0; i+2 < len(body); i += 3 {
+			k, e, v := key(int(body[i])), int64(body[i+1]%6)+1, body[i+2]
+			switch {
+			case body[i+1]&0x80 != 0:
+				batch = append(batch, del("s", k, e))
+			default:
+				batch = append(batch, row("s", k, e, fmt.Sprintf("v%d", v)))
+			}
+			if body[i+1]&0x40 != 0 || i+5 >= len(body) {
+				// one row per key and epoch in a batch, as snapshots write
+				batch = slices.CompactFunc(batch, func(a, b rowbatch.Row) bool { return a.Key == b.Key && a.Epoch == b.Epoch })
+				_, err := file.Write(ctx, batch)
+				require.NoError(t, err)
+				model.write(batch)
+				batch = nil
+				if body[i+1]&0x20 != 0 {
+					_, err := file.FoldRecent(ctx)
+					require.NoError(t, err)
+				}
+			}
+		}
+		gaps := []int{0, 0, 1, 2, 8, 9, 17, 60}
+		var keys []string
+		pos := 0
+		for _, b := range query {
+			run := int(b>>3) + 1
+			for j := 0; j < run && pos+j < universe; j++ {
+				keys = append(keys, key(pos+j))
+			}
+			pos += run + gaps[b&7]
+			if pos >= universe {
+				pos %= universe
+			}
+		}
+		want := model.get("s", keys, before)
+		require.Equal(t, want, getMany(t, file, "s", keys, before), "GetManyPacked of %d keys before %d", len(keys), before)
+		require.Equal(t, want, getEach(t, file, "s", keys, before), "Get of %d keys before %d", len(keys), before)
+	})
 }
