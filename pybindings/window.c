@@ -2,16 +2,16 @@
 //
 // A windowing key is snapshotted every epoch it is touched, and its
 // .snapshot() (millpond.operators.windowing.ops._WindowStep.snapshot) was
-// the largest part of what recovery costs a windowing flow: a dozen
-// attribute reads, conversions and tuples, about 1 us of interpreter time a
-// key before the pickle. The packer (snapshot.c) calls mp_window_snapshot
+// the largest part of the packer's own work on such a key: a dozen
+// attribute reads, conversions and tuples, 0.55-0.6 us of interpreter time
+// with the key's objects in cache, against about 0.25 us here. The packer (snapshot.c) calls mp_window_snapshot
 // first for every object; for a _WindowStep whose parts are all millpond's
 // own classes (event or system clock; tumbling, sliding or session
 // windower; fold or collect windows) it returns the very tuple the Python
 // method returns, reading the objects' slots directly. Anything else (a
-// user's WindowLogic, an unexpected shape) is "not handled", decided before
-// anything is built, and the Python method runs as before: it stays the
-// definition, and tests/test_window_snapshot.py checks the two agree.
+// user's WindowLogic, an unexpected shape) is "not handled", found out
+// before any part is kept, and the Python method runs as before: it stays
+// the definition, and tests/test_window_snapshot.py checks the two agree.
 //
 // No user code runs here: every object read is of an exact type registered
 // by the windowing module, or a built-in value passed through.
