@@ -14,7 +14,6 @@ import copyreg
 import math
 import pickle
 import pickletools
-import struct
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -26,24 +25,9 @@ from hypothesis import strategies as st
 from millpond import _core
 from millpond.state import PICKLE_PROTOCOL, StateStore
 
+from helpers.values import same
+
 STEP = "s.state"
-
-
-def same(a: Any, b: Any) -> bool:
-    """Equal, of the same exact types all the way down (a float by its bits,
-    so NaN and -0.0 count; a dict in its order; a datetime with its fold and
-    the same tzinfo object)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, float):
-        return struct.pack("<d", a) == struct.pack("<d", b)
-    if isinstance(a, (tuple, list)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, datetime):
-        return a == b and a.fold == b.fold and a.tzinfo is b.tzinfo
-    return bool(a == b)
 
 
 def fast(value: Any, protocol: int = PICKLE_PROTOCOL) -> Any:
