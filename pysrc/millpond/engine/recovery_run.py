@@ -34,10 +34,13 @@ logger = logging.getLogger("millpond")
 
 #: In batch mode, an epoch that touched at least this share of a worker's
 #: keys snapshots the rest too: the epoch is then the worker's whole state,
-#: kept as compacted state, where otherwise the segments of an epoch that
-#: rewrote most of the state soon make a compaction due that writes all of
-#: it again.
-WHOLE_FROM = 0.5
+#: kept as compacted state and as the local store's next generation. An
+#: epoch that rewrites a share f of the state otherwise makes a compaction
+#: due every 0.5/f epochs (the default compact_ratio), about 3f of the state
+#: uploaded per epoch, and costs the local store a write, an index entry and
+#: a collection per row, one at a time (the largest CPU cost of a run whose
+#: epochs touch a quarter to a half of the keys: docs/benchmarks.md).
+WHOLE_FROM = 0.25
 
 
 class RecoveryRun:
