@@ -121,7 +121,9 @@ static int put_deletion(mp_buf *b, mp_carry *carry, PyObject *kept, PyObject *ke
 enum { PREFETCH_CHUNK = 16, PREFETCH_LEVELS = 2, PREFETCH_BUDGET = 64 };
 
 typedef struct {
-    PyObject *keys[PREFETCH_CHUNK], *objs[PREFETCH_CHUNK];
+    // copies: for a key a topped-up batch copies (the epoch did not touch
+    // it), its kept pickle; NULL for a key that is packed.
+    PyObject *keys[PREFETCH_CHUNK], *objs[PREFETCH_CHUNK], *copies[PREFETCH_CHUNK];
     int n;
 } chunk;
 
@@ -153,7 +155,8 @@ static int prefetch_visit(PyObject *o, void *arg) {
 static void prefetch_chunk(chunk *c, int depth) {
     for (int i = 0; i < c->n; i++) {
         PyObject *obj = c->objs[i];
-        traverseproc traverse = obj ? Py_TYPE(obj)->tp_traverse : NULL;
+        // (a key that is copied has its objects left alone)
+        traverseproc traverse = obj && !c->copies[i] ? Py_TYPE(obj)->tp_traverse : NULL;
         int left = PREFETCH_BUDGET;
         prefetch_walk w = {&left, depth};
         if (traverse != NULL) (void)traverse(obj, prefetch_visit, &w);
@@ -164,6 +167,7 @@ static void release_chunk(chunk *c) {
     for (int i = 0; i < c->n; i++) {
         Py_DECREF(c->keys[i]);
         Py_XDECREF(c->objs[i]);
+        Py_XDECREF(c->copies[i]);
     }
     c->n = 0;
 }
@@ -171,23 +175,34 @@ static void release_chunk(chunk *c) {
 // Fills c with the next keys of walked and their objects (from_live: the
 // dict's values; else looked up in objs, NULL for a key that is not live),
 // requesting each object's memory, and that of the key's kept pickle in
-// kept (if not NULL), which packing the key replaces or copies. 0 at the
-// end of walked, 1 if there may be more, -1 with an exception set.
-static int fill_chunk(chunk *c, PyObject *walked, Py_ssize_t *pos, int from_live, PyObject *objs, PyObject *kept) {
+// kept (if not NULL), which packing the key replaces or copies. With
+// touched (a topped-up batch: the keys the epoch touched), a key it does
+// not hold that has a kept pickle is copied from it: the pickle is its
+// entry in copies and its objects are not requested. 0 at the end of
+// walked, 1 if there may be more, -1 with an exception set.
+static int fill_chunk(chunk *c, PyObject *walked, Py_ssize_t *pos, int from_live, PyObject *objs, PyObject *kept,
+                      PyObject *touched) {
     PyObject *key, *value;
     c->n = 0;
     while (c->n < PREFETCH_CHUNK) {
         if (!PyDict_Next(walked, pos, &key, &value)) return 0;
         PyObject *obj = from_live ? value : PyDict_GetItemWithError(objs, key);
         if (obj == NULL && PyErr_Occurred()) return -1;
-        if (obj != NULL) __builtin_prefetch(obj);
         PyObject *last = kept ? PyDict_GetItemWithError(kept, key) : NULL;
+        if (last == NULL && PyErr_Occurred()) return -1;
+        int copy = 0;
+        if (last != NULL && obj != NULL && touched != NULL) {
+            int in = PyDict_Contains(touched, key);
+            if (in < 0) return -1;
+            copy = !in;
+        }
         if (last != NULL) __builtin_prefetch(last);
-        else if (PyErr_Occurred()) return -1;
+        if (obj != NULL && !copy) __builtin_prefetch(obj);
         Py_INCREF(key);
         Py_XINCREF(obj);
         c->keys[c->n] = key;
         c->objs[c->n] = obj;
+        c->copies[c->n] = copy ? Py_NewRef(last) : NULL;
         c->n++;
     }
     return 1;
@@ -209,32 +224,24 @@ typedef struct {
     Py_ssize_t step_len;
     mp_carry *carry;
     PyObject *kept;       // the step's kept pickles, or NULL
-    PyObject *touched;    // the step's touched keys
-    int topped_up;        // copy untouched keys from kept
     int misses;           // keys in a row the C writer gave up on
     int proto;            // for mp_fast_pickle (-1: dumps only)
     PyObject *protocol, *dumps, *snapshot_name;
 } step_ctx;
 
-// Appends key's row: a deletion when obj is NULL, else obj.snapshot()
-// pickled (or copied from its kept pickle). -1 with an exception set.
-static int pack_key(step_ctx *c, PyObject *key, PyObject *obj) {
+// Appends key's row: a deletion when obj is NULL, a copy of copy when
+// that is not NULL (the key's kept pickle: a key the epoch did not touch
+// still packs to what it packed to last time), else obj.snapshot()
+// pickled. -1 with an exception set.
+static int pack_key(step_ctx *c, PyObject *key, PyObject *obj, PyObject *copy) {
     Py_ssize_t kl;
     const char *k = PyUnicode_AsUTF8AndSize(key, &kl);
     if (k == NULL || put_bytes(c->b, c->step, (size_t)c->step_len) < 0 || put_bytes(c->b, k, (size_t)kl) < 0) return -1;
     if (obj == NULL) return put_deletion(c->b, c->carry, c->kept, key);  // discarded
-    if (c->topped_up) {
-        // A key the epoch did not touch still packs to what it packed to
-        // last time: copy that if it was kept.
-        int in = PyDict_Contains(c->touched, key);
-        if (in < 0) return -1;
-        PyObject *last = in ? NULL : PyDict_GetItemWithError(c->kept, key);
-        if (last != NULL) {
-            if (put_value(c->b, PyBytes_AS_STRING(last), (size_t)PyBytes_GET_SIZE(last)) < 0) return -1;
-            c->carry->reused++;
-            return 0;
-        }
-        if (PyErr_Occurred()) return -1;
+    if (copy != NULL) {
+        if (put_value(c->b, PyBytes_AS_STRING(copy), (size_t)PyBytes_GET_SIZE(copy)) < 0) return -1;
+        c->carry->reused++;
+        return 0;
     }
     // A windowing key's state is read in C when all its parts are
     // windowing's own (window.c); anything else is asked for its snapshot.
@@ -327,19 +334,20 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObj
         Py_ssize_t kpos = 0, touched = PyDict_GET_SIZE(walked);
         PyObject *kept = NULL;
         if (carry != NULL && (kept = kept_of(carry, step)) == NULL) goto fail;
-        int topped_up = from_live && carry != NULL && carry->topped_up;
-        step_ctx c = {&b, &scratch, s, sl, carry, kept, keys, topped_up, 0, (int)proto, protocol, dumps, snapshot_name};
+        // A topped-up batch copies the keys the epoch did not touch.
+        PyObject *copying = from_live && carry != NULL && carry->topped_up ? keys : NULL;
+        step_ctx c = {&b, &scratch, s, sl, carry, kept, 0, (int)proto, protocol, dumps, snapshot_name};
         enum { RING = PREFETCH_LEVELS + 1 };
         chunk ring[RING] = {{{0}}};
         int more = 1, rc = 0;
-        for (int i = 0; i < RING - 1 && more > 0; i++) more = fill_chunk(&ring[i], walked, &kpos, from_live, objs, kept);
+        for (int i = 0; i < RING - 1 && more > 0; i++) more = fill_chunk(&ring[i], walked, &kpos, from_live, objs, kept, copying);
         for (int t = 0; rc == 0 && more >= 0; t++) {
             chunk *now = &ring[t % RING];
             if (now->n == 0) break;
-            if (more > 0) more = fill_chunk(&ring[(t + RING - 1) % RING], walked, &kpos, from_live, objs, kept);
+            if (more > 0) more = fill_chunk(&ring[(t + RING - 1) % RING], walked, &kpos, from_live, objs, kept, copying);
             for (int d = 0; d < PREFETCH_LEVELS; d++) prefetch_chunk(&ring[(t + PREFETCH_LEVELS - 1 - d) % RING], d);
             for (int i = 0; i < now->n && rc == 0; i++) {
-                rc = store_unchanged(walked, touched) ? pack_key(&c, now->keys[i], now->objs[i]) : -1;
+                rc = store_unchanged(walked, touched) ? pack_key(&c, now->keys[i], now->objs[i], now->copies[i]) : -1;
             }
             release_chunk(now);
         }
