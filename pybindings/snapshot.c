@@ -340,11 +340,14 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObj
         enum { RING = PREFETCH_LEVELS + 1 };
         chunk ring[RING] = {{{0}}};
         int more = 1, rc = 0;
-        for (int i = 0; i < RING - 1 && more > 0; i++) more = fill_chunk(&ring[i], walked, &kpos, from_live, objs, kept, copying);
+        for (int i = 0; i < RING - 1 && more > 0; i++) {
+            more = fill_chunk(&ring[i], walked, &kpos, from_live, objs, kept, copying);
+        }
         for (int t = 0; rc == 0 && more >= 0; t++) {
             chunk *now = &ring[t % RING];
             if (now->n == 0) break;
-            if (more > 0) more = fill_chunk(&ring[(t + RING - 1) % RING], walked, &kpos, from_live, objs, kept, copying);
+            chunk *ahead = &ring[(t + RING - 1) % RING];
+            if (more > 0) more = fill_chunk(ahead, walked, &kpos, from_live, objs, kept, copying);
             for (int d = 0; d < PREFETCH_LEVELS; d++) prefetch_chunk(&ring[(t + PREFETCH_LEVELS - 1 - d) % RING], d);
             for (int i = 0; i < now->n && rc == 0; i++) {
                 rc = store_unchanged(walked, touched) ? pack_key(&c, now->keys[i], now->objs[i], now->copies[i]) : -1;
