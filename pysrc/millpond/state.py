@@ -970,7 +970,7 @@ class StateStore(_LiveState):
 
     def _keeps_pickles(self, may_be_whole: bool, live_keys: int, touched: int) -> bool:
         """Whether this snapshot keeps the pickles it packs (see
-        :meth:`snapshot`). Keeping one costs about 0.15 us, paid back only
+        :meth:`snapshot`). Keeping one costs 0.3-0.6 us (docs/benchmarks.md), paid back only
         when a later top-up copies it, so pickles are kept in batch mode
         when this epoch touched a share of the keys that makes top-ups
         likely (at least half of ``whole_from``) and left enough untouched
