@@ -1,6 +1,7 @@
 // Packing a snapshot straight from the state store's dicts: for every
 // touched key, call .snapshot() on its live object, pickle the result
-// (pickle.c's writer for plain values, else pickle.dumps) and append the row to one malloc'd buffer in the rowbatch format, which the
+// (pickle.c's writer for plain values, else pickle.dumps) and append the
+// row to one malloc'd buffer in the rowbatch format, which the
 // Go core then takes over (store.c). This is the only packer of snapshot
 // rows. Doing the loop in C skips a tuple and a list append per row on the
 // hot path of every epoch.

@@ -4,14 +4,15 @@
 // .snapshot() (millpond.operators.windowing.ops._WindowStep.snapshot) was
 // the largest part of the packer's own work on such a key: a dozen
 // attribute reads, conversions and tuples, 0.55-0.6 us of interpreter time
-// with the key's objects in cache, against about 0.25 us here. The packer (snapshot.c) calls mp_window_snapshot
-// first for every object; for a _WindowStep whose parts are all millpond's
-// own classes (event or system clock; tumbling, sliding or session
-// windower; fold or collect windows) it returns the very tuple the Python
-// method returns, reading the objects' slots directly. Anything else (a
-// user's WindowLogic, an unexpected shape) is "not handled", found out
-// before any part is kept, and the Python method runs as before: it stays
-// the definition, and tests/test_window_snapshot.py checks the two agree.
+// with the key's objects in cache, against about 0.25 us here. The packer
+// (snapshot.c) calls mp_window_snapshot first for every object; for a
+// _WindowStep whose parts are all millpond's own classes (event or system
+// clock; tumbling, sliding or session windower; fold or collect windows) it
+// returns the very tuple the Python method returns, reading the objects'
+// slots directly. Anything else (a user's WindowLogic, an unexpected shape)
+// is "not handled", found out before any part is kept, and the Python
+// method runs as before: it stays the definition, and
+// tests/test_window_snapshot.py checks the two agree.
 //
 // No user code runs here: every object read is of an exact type registered
 // by the windowing module, or a built-in value passed through.
@@ -107,7 +108,8 @@ static PyObject *tuple_of(PyObject **parts, int n, int complete) {
 static PyObject *clock_snapshot(PyObject *clock) {
     if (Py_IS_TYPE(clock, win.system_clock)) return Py_NewRef(Py_None);
     if (!Py_IS_TYPE(clock, win.event_clock)) return NULL;
-    PyObject *parts[3] = {slot(clock, win.clock_max_seen), slot(clock, win.clock_seen_at), slot(clock, win.clock_floor)};
+    PyObject *parts[3] = {slot(clock, win.clock_max_seen), slot(clock, win.clock_seen_at),
+                          slot(clock, win.clock_floor)};
     if (!parts[0] || !parts[1] || !parts[2]) return NULL;  // unset: the method says what
     PyObject *out = PyTuple_New(3);
     for (int i = 0; out != NULL && i < 3; i++) {
