@@ -70,7 +70,7 @@ type Config struct {
 	// CloseEpoch waits beyond it. Default 4.
 	MaxEpochsInFlight int
 	// RetainEpochs keeps commit records (and the objects they name) of
-	// this many recent epochs for point-in-time restore. Default 10.
+	// this many recent epochs for point-in-time restore. Default 2.
 	RetainEpochs int
 	// RetainFor also keeps every commit record written within this long
 	// (and the objects it names), however many epochs that spans. Zero
@@ -81,7 +81,7 @@ type Config struct {
 	// which keeps the durable footprint within about 3x the live state.
 	CompactRatio float64
 	// CompactMinBytes: never compact below this many segment bytes.
-	// Default 1 MiB.
+	// Default 256 KiB.
 	CompactMinBytes int64
 	// UploadWorkers uploads in parallel. Default 4.
 	UploadWorkers int
@@ -158,13 +158,13 @@ func (c *Config) defaults() error {
 		c.MaxEpochsInFlight = 4
 	}
 	if c.RetainEpochs <= 0 {
-		c.RetainEpochs = 10
+		c.RetainEpochs = 2
 	}
 	if c.CompactRatio <= 0 {
 		c.CompactRatio = 0.5
 	}
 	if c.CompactMinBytes <= 0 {
-		c.CompactMinBytes = 1 << 20
+		c.CompactMinBytes = 256 << 10
 	}
 	if c.UploadWorkers <= 0 {
 		c.UploadWorkers = 4

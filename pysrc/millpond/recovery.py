@@ -125,11 +125,11 @@ class RecoveryConfig:
     backup: Union[Backup, str, None] = None
     snapshot_mode: SnapshotMode = SnapshotMode.BATCH
     key_group_count: int = DEFAULT_KEY_GROUP_COUNT
-    retain_epochs: int = 10
+    retain_epochs: int = 2
     retain_for: Optional[timedelta] = None
     max_epochs_in_flight: int = 4
     compact_ratio: float = 0.5
-    compact_min_bytes: int = 1 << 20
+    compact_min_bytes: int = 256 << 10
     backup_key: Union[bytes, str, None] = field(default=None, repr=False)
     max_live_keys: Optional[int] = None
     max_live_bytes: Optional[int] = None
