@@ -185,10 +185,12 @@ func (b *bulkConn) walkMany(ctx context.Context, p *page, f *File, table, step s
 	one := false    // the statement reads keys[i] alone (?4 = ?2)
 	pointsLeft := 0 // lookups of one key before the next probe
 	budget := getManyReseekAfter
+	floor := "" // the key the statement was started at
 	// seek starts the statement at key: a range to the last key, or the
 	// key alone while keys are scattered.
 	seek := func(key string) error {
 		sqlite3.Xsqlite3_reset(b.tls, st)
+		floor = key
 		n := copy(mem[seekAt:], key)
 		at := b.arena + uintptr(seekAt)
 		one = pointsLeft > 0
@@ -236,6 +238,12 @@ func (b *bulkConn) walkMany(ctx context.Context, p *page, f *File, table, step s
 			return b.errorf(fmt.Sprintf("get %q of", keys[i]), rc)
 		}
 		key := b.columnBytes(st, 0, false)
+		if string(key) < floor {
+			// SQLite hands back rows from the key sought on, trusting the
+			// b-tree's order: a row below it is a key damaged out of its
+			// place, which every seek to that key would land on again.
+			return damagedf(f.path, "step %q: key %q read after a seek to %q: keys out of order", step, key, floor)
+		}
 		// Past keys[i]: its versions are all read; move on to the first
 		// wanted key at or after this row's.
 		for i < len(keys) && string(key) > keys[i] {
