@@ -309,7 +309,9 @@ STAGES = [(1, 1, "all"), (2, 2, "one"), (3, 1, "one"), (1, 2, None)]
 
 def _rescale(tmp_path: Path, backup: str, newest: Callable[[], int], shared: bool, seed: int) -> None:
     rng = random.Random(seed)
-    d = make_run_dir(tmp_path / "run", files=4, lines=200, worker_counts=(2, 3, 4), seed=seed)
+    # Long enough that each killed stage is still running at its kill on a
+    # loaded 2-core machine (200 lines once ran out in the 3 x 1 stage).
+    d = make_run_dir(tmp_path / "run", files=4, lines=320, worker_counts=(2, 3, 4), seed=seed)
 
     def args(i: int) -> List[str]:
         return ["-s", EPOCH, "-d", "state" if shared else f"state/p{i}", "-b", backup]
