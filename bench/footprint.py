@@ -18,7 +18,9 @@ It prints, after the run:
   state directory;
 - the ratios to live (at the end, and the largest seen while the run
   went, sampled every 50 ms), and what the run uploaded (segments and compacted
-  objects, as stored) per epoch, from the run's finish line.
+  objects, as stored) per epoch, from the run's finish line;
+- where the local bytes go: per table and index of the local store, its
+  pages, payload and unused bytes (SQLite's ``dbstat``).
 
     .venv/bin/python bench/footprint.py                    # both sizes, defaults
     .venv/bin/python bench/footprint.py --size 20 --retain-epochs 2 --json out.json
@@ -32,6 +34,7 @@ import logging
 import pickle
 import random
 import re
+import sqlite3
 import tempfile
 import threading
 import time
@@ -93,6 +96,28 @@ def _tree_bytes(root: Path) -> int:
 
 def _local_store_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("store.sqlite*") if p.is_file())
+
+
+def _local_breakdown(root: Path) -> Dict[str, Dict[str, int]]:
+    """Where the local stores' bytes go, per table and index: pages, bytes
+    of those pages, payload (what the rows themselves hold) and unused
+    bytes, from SQLite's ``dbstat`` (read-only; the run is over)."""
+    out: Dict[str, Dict[str, int]] = {}
+    for path in sorted(root.rglob("store.sqlite")):
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            rows = con.execute("SELECT name, count(*), sum(pgsize), sum(payload), sum(unused), sum(ncell) "
+                               "FROM dbstat GROUP BY name").fetchall()
+        except sqlite3.OperationalError as exc:  # a sqlite3 built without dbstat
+            logging.getLogger(__name__).warning("no breakdown of %s: %s", path, exc)
+            continue
+        finally:
+            con.close()
+        for name, pages, size, payload, unused, cells in rows:
+            t = out.setdefault(name, {"pages": 0, "bytes": 0, "payload": 0, "unused": 0, "cells": 0})
+            for k, v in zip(("pages", "bytes", "payload", "unused", "cells"), (pages, size, payload, unused, cells)):
+                t[k] += v
+    return out
 
 
 class _Peak(threading.Thread):
@@ -172,6 +197,7 @@ def measure(size: int, keys: int, epochs: int, changed: float, retain: int | Non
         durable = _tree_bytes(root / "backup")
         by_dir = {d.name: _tree_bytes(d) for d in sorted((root / "backup" / FLOW).iterdir())}
         local = _local_store_bytes(root / "state")
+        breakdown = _local_breakdown(root / "state")
     up = _uploaded(handler.line)
     total_epochs = epochs + 1
     res: Dict[str, Any] = {
@@ -181,7 +207,7 @@ def measure(size: int, keys: int, epochs: int, changed: float, retain: int | Non
         "durable_ratio": round(durable / live, 2), "local_ratio": round(local / live, 2),
         "peak_durable_ratio": round(max(peak.durable, durable) / live, 2),
         "peak_local_ratio": round(max(peak.local, local) / live, 2),
-        "durable_by_dir": by_dir, "seconds": round(seconds, 1), **up,
+        "durable_by_dir": by_dir, "local_by_table": breakdown, "seconds": round(seconds, 1), **up,
     }
     if "segment_bytes" in up:
         res["segment_bytes_per_epoch"] = up["segment_bytes"] // total_epochs
@@ -213,6 +239,11 @@ def main() -> None:
               f"peak while running: durable {r['peak_durable_ratio']}x, local {r['peak_local_ratio']}x; {r['seconds']} s")
         per = {k: v for k, v in r.items() if k.endswith("per_epoch")}
         print(f"  durable by directory: {r['durable_by_dir']}")
+        for name, t in sorted(r["local_by_table"].items(), key=lambda kv: -kv[1]["bytes"]):
+            if t["payload"]:
+                print(f"  local {name}: {t['bytes']:,} B in {t['pages']} pages, {t['cells']:,} cells, "
+                      f"payload {t['payload']:,} B ({t['payload'] / max(1, t['cells']):.1f} B a cell), "
+                      f"{t['unused'] / max(1, t['bytes']):.0%} unused")
         print(f"  uploaded: {per}  [{r['finish_line']}]")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
