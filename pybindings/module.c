@@ -119,6 +119,10 @@ static PyMethodDef methods[] = {
      "touch_keys(live, keys) -> list[str]\n\n"
      "Move every key of keys found in the dict live to its end (the most recently used place); return the\n"
      "keys not found, in order."},
+    {"route_keyed", py_route_keyed, METH_VARARGS,
+     "route_keyed(items, key_group_count, workers) -> list[list] | None\n\n"
+     "Split a list of (str key, value) items by owning worker (millpond.keygroup.worker_for_key): entry w of\n"
+     "the result holds, in order, worker w's items. None when an item is not a (str, value) 2-tuple."},
     {"fast_pickle", py_fast_pickle, METH_VARARGS,
      "fast_pickle(obj, protocol) -> bytes | None\n\n"
      "The pickle snapshots write for obj when their C writer handles all of it (plain built-in values,\n"
@@ -277,7 +281,8 @@ PyMODINIT_FUNC PyInit__core(void) {
     char *modes = mp_snapshot_modes(&n_modes);
     PyObject *mode_names = read_names(modes, n_modes);
     int bad = json_loads == NULL || CoreError == NULL || kind_names == NULL || mode_names == NULL ||
-              mp_log_init() < 0 || mp_pickle_init() < 0 || PyModule_AddObjectRef(m, "CoreError", CoreError) < 0 ||
+              mp_log_init() < 0 || mp_pickle_init() < 0 || mp_route_init() < 0 ||
+              PyModule_AddObjectRef(m, "CoreError", CoreError) < 0 ||
               PyModule_AddObjectRef(m, "ERROR_KINDS", kind_names) < 0 ||
               PyModule_AddObjectRef(m, "SNAPSHOT_MODES", mode_names) < 0;
     Py_XDECREF(mode_names);

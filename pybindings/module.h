@@ -55,6 +55,8 @@ typedef struct {
 int mp_buf_grow(mp_buf *b, size_t more);
 // Sets up pickle.c (the datetime C API, copyreg's table); -1 on error.
 int mp_pickle_init(void);
+// Sets up route.c (its CRC table); -1 on error.
+int mp_route_init(void);
 // Appends the pickle of obj at protocol proto to out when pickle.c's
 // writer handles every part of obj: 0 written, 1 not handled (out as it
 // was; the caller uses pickle.dumps), -1 error set.
@@ -102,6 +104,7 @@ MP_METHOD(store_snapshot);
 MP_METHOD(store_get);
 MP_METHOD(store_hydrate_keys);
 MP_METHOD(touch_keys);
+MP_METHOD(route_keyed);
 MP_METHOD(fast_pickle);
 MP_METHOD(snapshot_time);
 MP_METHOD(window_register);

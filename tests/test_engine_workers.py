@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import millpond.operators as op
+from millpond import _core
 from millpond.dataflow import Dataflow
 from millpond.inputs import FixedPartitionedSource, StatefulSourcePartition
 from millpond.keygroup import worker_for_key
@@ -50,6 +51,34 @@ def test_n_workers_give_the_same_multiset_of_outputs_as_one(
     assert sorted(v for k, v in one if isinstance(v, tuple)) == sorted(
         (c, c) for c in Counter(words).values()
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.lists(st.text(max_size=12), max_size=80),
+    groups=st.integers(1, 5000),
+    workers=st.integers(1, 40),
+)
+def test_route_keyed_gives_each_item_to_its_keys_owner_in_order(keys: List[str], groups: int, workers: int):
+    items = [(k, i) for i, k in enumerate(keys)]
+    parts = _core.route_keyed(items, groups, workers)
+    assert parts is not None and len(parts) == workers
+    for w, part in enumerate(parts):
+        assert all(worker_for_key(k, workers, groups) == w for k, _ in part)
+        assert [i for _, i in part] == sorted(i for _, i in part)  # order kept
+    assert sorted((i for part in parts for _, i in part)) == list(range(len(items)))
+
+
+@pytest.mark.parametrize("bad", [1, ("k",), ("k", 1, 2), (1, "v"), ["k", 1], (b"k", 1)])
+def test_route_keyed_refuses_a_batch_holding_an_item_that_is_not_keyed(bad: Any):
+    assert _core.route_keyed([("a", 1), bad, ("b", 2)], 256, 2) is None
+
+
+def test_route_keyed_raises_for_a_key_utf8_cannot_encode():
+    with pytest.raises(UnicodeEncodeError):
+        _core.route_keyed([("\ud800", 1)], 256, 2)
+    with pytest.raises(ValueError, match="at least 1 worker"):
+        _core.route_keyed([], 256, 0)
 
 
 def test_keyed_items_are_processed_on_the_worker_owning_the_key():

@@ -58,16 +58,20 @@ def test_stateful_flat_map_emits_iterables():
     assert got == [("a", 2), ("a", 2), ("a", 1)]
 
 
-def test_stateful_op_on_unkeyed_items_is_a_type_error_naming_the_step():
+# With several workers the batch is split by owner first (route_keyed in
+# the core), which refuses it whole: the step must still name the item.
+@pytest.mark.parametrize("workers", [1, 3])
+def test_stateful_op_on_unkeyed_items_is_a_type_error_naming_the_step(workers: int):
     with pytest.raises(DataflowError, match="t.sm.stateful_batch") as ei:
-        run_op([1], lambda s: op.stateful_map("sm", s, lambda st, v: (st, v)))
+        run_op([("a", 1), 1], lambda s: op.stateful_map("sm", s, lambda st, v: (st, v)), workers=workers)
     assert isinstance(ei.value.__cause__, TypeError)
     assert "(str key, value) 2-tuples" in str(ei.value.__cause__)
 
 
-def test_stateful_op_with_non_str_key_is_a_type_error():
+@pytest.mark.parametrize("workers", [1, 3])
+def test_stateful_op_with_non_str_key_is_a_type_error(workers: int):
     with pytest.raises(DataflowError) as ei:
-        run_op([(1, 2)], lambda s: op.stateful_map("sm", s, lambda st, v: (st, v)))
+        run_op([("a", 1), (1, 2)], lambda s: op.stateful_map("sm", s, lambda st, v: (st, v)), workers=workers)
     assert "keys to be str" in str(ei.value.__cause__)
 
 

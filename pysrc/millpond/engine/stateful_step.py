@@ -72,15 +72,17 @@ class StatefulBatchRuntime(StepRuntime):
         if w.count == 1:
             self.on_items(port, items)
             return
-        owner = w.owner_of
+        by_worker = w.split_by_owner(items)
+        if by_worker is None:
+            for item in items:
+                if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
+                    ex = keyed_item_error(self.step_id, item)
+                    raise self.fail(ex) from ex
+            raise AssertionError("split_by_owner refused a batch of keyed items")
         me = w.index
-        by_worker: Dict[int, List[Any]] = {}
-        for item in items:
-            if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
-                ex = keyed_item_error(self.step_id, item)
-                raise self.fail(ex) from ex
-            by_worker.setdefault(owner(item[0]), []).append(item)
-        for target, routed in by_worker.items():
+        for target, routed in enumerate(by_worker):
+            if not routed:
+                continue
             if target == me:
                 self.on_items(port, routed)
             else:

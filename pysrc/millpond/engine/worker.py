@@ -76,6 +76,8 @@ class Worker:
         self._evicts = self.store.max_live_keys is not None
         self._touched = False
         self._owner_cache: Dict[str, int] = {}
+        from millpond import _core
+        self._route_keyed = _core.route_keyed
         self.runtimes: List[StepRuntime] = []
         for step in plan.steps:
             self.runtimes.append(_RUNTIMES[step.kind](self, step))
@@ -113,6 +115,14 @@ class Worker:
             if len(self._owner_cache) < 1_000_000:
                 self._owner_cache[key] = w
         return w
+
+    def split_by_owner(self, items: List[Any]) -> Optional[List[List[Any]]]:
+        """Keyed ``items`` split by the worker that owns each key: entry ``w``
+        holds worker ``w``'s items, in their order. ``None`` when an item is
+        not a ``(str, value)`` 2-tuple (the caller names it)."""
+        if type(items) is not list:
+            items = list(items)
+        return self._route_keyed(items, self.key_group_count, self.count)
 
     def emit(self, step: int, port: int, items: List[Any]) -> None:
         """Hand ``items`` produced on ``port`` of ``step`` to its readers."""
