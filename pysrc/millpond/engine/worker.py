@@ -75,7 +75,6 @@ class Worker:
         self.store = run.worker_store(index)
         self._evicts = self.store.max_live_keys is not None
         self._touched = False
-        self._owner_cache: Dict[str, int] = {}
         from millpond import _core
         self._route_keyed = _core.route_keyed
         self.runtimes: List[StepRuntime] = []
@@ -107,14 +106,7 @@ class Worker:
 
     def owner_of(self, key: str) -> int:
         """The worker that owns ``key`` (its state and its items)."""
-        if self.count == 1:
-            return 0
-        w = self._owner_cache.get(key)
-        if w is None:
-            w = worker_for_key(key, self.count, self.key_group_count)
-            if len(self._owner_cache) < 1_000_000:
-                self._owner_cache[key] = w
-        return w
+        return worker_for_key(key, self.count, self.key_group_count)
 
     def split_by_owner(self, items: List[Any]) -> Optional[List[List[Any]]]:
         """Keyed ``items`` split by the worker that owns each key: entry ``w``
