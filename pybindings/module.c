@@ -135,6 +135,10 @@ static PyMethodDef methods[] = {
     {"window_register", py_window_register, METH_VARARGS,
      "window_register(step, event_clock, system_clock, sliding, session, fold, collect, meta, version) -> None\n\n"
      "The windowing classes whose objects snapshots read in C (window_snapshot); windowing calls it at import."},
+    {"slot_state_register", py_slot_state_register, METH_VARARGS,
+     "slot_state_register(type, name) -> None\n\n"
+     "Snapshots pack an object of exactly type as its slot name (what its .snapshot() returns) without\n"
+     "calling the method; an unset slot still calls it."},
     {"window_snapshot", py_window_snapshot, METH_O,
      "window_snapshot(step) -> tuple | NotImplemented\n\n"
      "What a snapshot writes for a windowing key's state, built in C: the tuple its .snapshot() returns, or\n"

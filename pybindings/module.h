@@ -68,6 +68,14 @@ PyObject *mp_snapshot_time(PyObject *t);
 // parts are all windowing's own classes (window.c): a new reference, NULL
 // with an exception set, or NULL without one when obj.snapshot() must run.
 PyObject *mp_window_snapshot(PyObject *obj);
+// The snapshot of a key state whose .snapshot() returns one slot of its
+// object (slotstate.c; stateful_map's logic): a new reference to the slot,
+// or NULL without an exception when obj is of no registered type or the
+// slot is unset (obj.snapshot() must run).
+PyObject *mp_slot_state(PyObject *obj);
+// The offset of type's __slots__ entry name; -1 with TypeError set when
+// name is not an object slot of type.
+Py_ssize_t mp_slot_offset(PyTypeObject *type, const char *name);
 // What a batch-mode snapshot keeps of each key's pickle, so that a whole
 // epoch's top-up (the keys the epoch did not touch, which still pack to
 // what they packed to last) copies bytes instead of packing every object
@@ -109,6 +117,7 @@ MP_METHOD(fast_pickle);
 MP_METHOD(snapshot_time);
 MP_METHOD(window_register);
 MP_METHOD(window_snapshot);
+MP_METHOD(slot_state_register);
 MP_METHOD(store_steps);
 MP_METHOD(store_meta);
 MP_METHOD(store_gc);

@@ -245,8 +245,10 @@ static int pack_key(step_ctx *c, PyObject *key, PyObject *obj, PyObject *copy) {
         return 0;
     }
     // A windowing key's state is read in C when all its parts are
-    // windowing's own (window.c); anything else is asked for its snapshot.
+    // windowing's own (window.c), stateful_map's from its slot
+    // (slotstate.c); anything else is asked for its snapshot.
     PyObject *state = mp_window_snapshot(obj);
+    if (state == NULL && !PyErr_Occurred()) state = mp_slot_state(obj);
     if (state == NULL && !PyErr_Occurred()) state = PyObject_CallMethodNoArgs(obj, c->snapshot_name);
     int rc = state && c->misses < GIVE_UP_AFTER ? mp_fast_pickle(state, c->proto, c->scratch) : 1;
     if (rc <= 0) {

@@ -30,13 +30,11 @@ static struct {
     PyObject *version, *open_name, *close_name, *merged_name;
 } win;
 
-// The offset of type's __slots__ entry name; -1 with an exception set when
-// name is not an object slot of type.
-static Py_ssize_t slot_offset(PyTypeObject *type, const char *name) {
+Py_ssize_t mp_slot_offset(PyTypeObject *type, const char *name) {
     PyObject *d = PyDict_GetItemString(type->tp_dict, name);  // borrowed
     if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type) ||
         ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
-        PyErr_Format(PyExc_TypeError, "window_register: %s.%s is not a slot", type->tp_name, name);
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, name);
         return -1;
     }
     return ((PyMemberDescrObject *)d)->d_member->offset;
@@ -68,7 +66,7 @@ MP_METHOD(window_register) {
         {&win.fold_acc, t[5], "acc"},            {&win.collect_values, t[6], "values"},
     };
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
-        Py_ssize_t off = slot_offset(slots[i].type, slots[i].name);
+        Py_ssize_t off = mp_slot_offset(slots[i].type, slots[i].name);
         if (off < 0) return NULL;
         *slots[i].out = off;
     }

@@ -39,6 +39,7 @@ from typing import (
     cast,
 )
 
+from millpond import _core
 from millpond.dataflow import Dataflow, Stream, _step_scope, operator
 from millpond.errors import keyed_item_error
 from millpond.logic import StatefulBatchLogic, StatefulLogic, StatefulShim
@@ -558,8 +559,12 @@ class _StatefulMapLogic(StatefulBatchLogic[V, W, S]):
 
     def snapshot(self) -> S:
         # The state a mapper returned; None never reaches a snapshot (the
-        # key was discarded).
+        # key was discarded). Snapshots read the slot in C instead of
+        # calling this (registered below): keep the two the same.
         return cast(S, self.state)
+
+
+_core.slot_state_register(_StatefulMapLogic, "state")
 
 
 @operator
