@@ -123,6 +123,10 @@ static PyMethodDef methods[] = {
      "route_keyed(items, key_group_count, workers) -> list[list] | None\n\n"
      "Split a list of (str key, value) items by owning worker (millpond.keygroup.worker_for_key): entry w of\n"
      "the result holds, in order, worker w's items. None when an item is not a (str, value) 2-tuple."},
+    {"group_keyed", py_group_keyed, METH_VARARGS,
+     "group_keyed(items, pending) -> bool\n\n"
+     "Append the value of every (str key, value) item of the list to pending[key] (a new list for a new key),\n"
+     "in order. False, with pending untouched, when an item is not a (str, value) 2-tuple."},
     {"fast_pickle", py_fast_pickle, METH_VARARGS,
      "fast_pickle(obj, protocol) -> bytes | None\n\n"
      "The pickle snapshots write for obj when their C writer handles all of it (plain built-in values,\n"

@@ -113,6 +113,7 @@ MP_METHOD(store_get);
 MP_METHOD(store_hydrate_keys);
 MP_METHOD(touch_keys);
 MP_METHOD(route_keyed);
+MP_METHOD(group_keyed);
 MP_METHOD(fast_pickle);
 MP_METHOD(snapshot_time);
 MP_METHOD(window_register);

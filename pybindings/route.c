@@ -1,5 +1,6 @@
 // millpond._core: splitting a batch of keyed items by the worker that owns
-// each key, for a keyed step of a flow with more than one worker. In a
+// each key, for a keyed step of a flow with more than one worker, and
+// queueing a worker's share of them by key for its next activation. In a
 // Python loop each item paid a method call, a lookup in a cache of owners,
 // a setdefault and an append, 0.5-0.6 us on the flow's thread; here the
 // owner is computed from the key's bytes (what the cache held it for) and
@@ -74,4 +75,46 @@ MP_METHOD(route_keyed) {
 fail:
     Py_DECREF(out);
     return NULL;
+}
+
+// group_keyed(items, pending) -> bool: append the value of every (str key,
+// value) item of the list items to pending[key] (a new list for a key
+// pending lacks), in order: what a keyed step queues for its next
+// activation. False, with pending untouched, when an item is not a (str,
+// value) 2-tuple: the caller finds it and names it. pending's values must
+// be lists (the step's own queue: nothing else writes it).
+MP_METHOD(group_keyed) {
+    PyObject *items, *pending;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &items, &PyDict_Type, &pending)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, 0))) {
+            Py_RETURN_FALSE;
+        }
+    }
+    // Dict operations on exact str keys and list appends run no Python
+    // code, so items cannot change under the loop.
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        PyObject *key = PyTuple_GET_ITEM(item, 0), *value = PyTuple_GET_ITEM(item, 1);
+        PyObject *queued = PyDict_GetItemWithError(pending, key);  // borrowed
+        if (queued != NULL) {
+            if (!PyList_CheckExact(queued)) {
+                PyErr_Format(PyExc_TypeError, "group_keyed: pending[%R] is not a list", key);
+                return NULL;
+            }
+            if (PyList_Append(queued, value) < 0) return NULL;
+            continue;
+        }
+        if (PyErr_Occurred()) return NULL;
+        PyObject *l = PyList_New(1);
+        if (l == NULL) return NULL;
+        PyList_SET_ITEM(l, 0, Py_NewRef(value));
+        int rc = PyDict_SetItem(pending, key, l);
+        Py_DECREF(l);
+        if (rc < 0) return NULL;
+    }
+    Py_RETURN_TRUE;
 }

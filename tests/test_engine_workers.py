@@ -264,3 +264,27 @@ def test_ctrl_c_stops_a_waiting_flow_promptly_with_keyboard_interrupt():
     with pytest.raises(KeyboardInterrupt):
         run_main(flow)
     timer.join()
+
+
+def test_group_keyed_queues_values_by_key_in_order() -> None:
+    pending: dict[str, list[Any]] = {"a": [0]}
+    assert _core.group_keyed([("a", 1), ("b", 2), ("a", 3), ("", None)], pending) is True
+    assert pending == {"a": [0, 1, 3], "b": [2], "": [None]}
+
+
+@pytest.mark.parametrize("bad", [1, ("k",), ("k", 1, 2), (1, "v"), ["k", 1], (b"k", 1)])
+def test_group_keyed_refuses_a_batch_holding_an_item_that_is_not_keyed_and_queues_nothing(bad: Any) -> None:
+    pending: dict[str, list[Any]] = {}
+    assert _core.group_keyed([("a", 1), bad], pending) is False
+    assert pending == {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(items=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "é", ""]), st.integers()), max_size=50))
+def test_group_keyed_is_the_python_grouping(items: List[Tuple[str, int]]) -> None:
+    want: dict[str, list[int]] = {}
+    for k, v in items:
+        want.setdefault(k, []).append(v)
+    got: dict[str, list[Any]] = {}
+    assert _core.group_keyed(list(items), got)
+    assert got == want and list(got) == list(want)

@@ -17,7 +17,7 @@ import heapq
 import itertools
 import logging
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
 from millpond.engine.steps import StepRuntime
 from millpond.errors import keyed_item_error
@@ -51,6 +51,8 @@ class StatefulBatchRuntime(StepRuntime):
         self.store = worker.store
         self.store.register(self.step_id, step.params["builder"], evictable=True)
         self.pending: Dict[str, List[Any]] = {}
+        from millpond import _core
+        self._group_keyed = _core.group_keyed
         self.timers: Dict[str, datetime] = {}
         self.heap: List[Tuple[datetime, str]] = []
         self.ended = False
@@ -72,13 +74,11 @@ class StatefulBatchRuntime(StepRuntime):
         if w.count == 1:
             self.on_items(port, items)
             return
+        if type(items) is not list:
+            items = list(items)
         by_worker = w.split_by_owner(items)
         if by_worker is None:
-            for item in items:
-                if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
-                    ex = keyed_item_error(self.step_id, item)
-                    raise self.fail(ex) from ex
-            raise AssertionError("split_by_owner refused a batch of keyed items")
+            self._refuse_unkeyed(items)
         me = w.index
         for target, routed in enumerate(by_worker):
             if not routed:
@@ -89,17 +89,19 @@ class StatefulBatchRuntime(StepRuntime):
                 w.send(target, self.index, port, routed)
 
     def on_items(self, port: int, items: List[Any]) -> None:
-        pending = self.pending
+        if type(items) is not list:
+            items = list(items)
+        if not self._group_keyed(items, self.pending):
+            self._refuse_unkeyed(items)
+
+    def _refuse_unkeyed(self, items: List[Any]) -> NoReturn:
+        """Fail the step naming the first item of ``items`` that is not a
+        ``(str, value)`` 2-tuple (the core refused the batch for it)."""
         for item in items:
             if type(item) is not tuple or len(item) != 2 or type(item[0]) is not str:
                 ex = keyed_item_error(self.step_id, item)
                 raise self.fail(ex) from ex
-            key = item[0]
-            queued = pending.get(key)
-            if queued is None:
-                pending[key] = [item[1]]
-            else:
-                queued.append(item[1])
+        raise AssertionError("the core refused a batch whose items are all keyed")
 
     # -- activation -----------------------------------------------------
 
