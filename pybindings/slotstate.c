@@ -9,6 +9,18 @@
 // type. A subclass, or an unset slot, is left to the method.
 #include "module.h"
 
+#include <structmember.h>
+
+Py_ssize_t mp_slot_offset(PyTypeObject *type, const char *name) {
+    PyObject *d = PyDict_GetItemString(type->tp_dict, name);  // borrowed
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type) ||
+        ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, name);
+        return -1;
+    }
+    return ((PyMemberDescrObject *)d)->d_member->offset;
+}
+
 enum { MAX_SLOT_STATES = 4 };
 
 static struct {

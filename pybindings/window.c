@@ -18,8 +18,6 @@
 // by the windowing module, or a built-in value passed through.
 #include "module.h"
 
-#include <structmember.h>
-
 // What windowing registered (window_register): its classes, the offsets of
 // the slots read, and the snapshot format's version number.
 static struct {
@@ -29,16 +27,6 @@ static struct {
     Py_ssize_t session_next_id, fold_acc, collect_values;
     PyObject *version, *open_name, *close_name, *merged_name;
 } win;
-
-Py_ssize_t mp_slot_offset(PyTypeObject *type, const char *name) {
-    PyObject *d = PyDict_GetItemString(type->tp_dict, name);  // borrowed
-    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type) ||
-        ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
-        PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, name);
-        return -1;
-    }
-    return ((PyMemberDescrObject *)d)->d_member->offset;
-}
 
 // The object in slot off of obj (borrowed); NULL when the slot is unset.
 static inline PyObject *slot(PyObject *obj, Py_ssize_t off) { return *(PyObject **)((char *)obj + off); }
