@@ -32,6 +32,20 @@ static uint32_t crc32_ieee(const unsigned char *p, Py_ssize_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
+// Whether every item of the list items is a (str, value) 2-tuple: the
+// shape a keyed stream's items must have (checked before anything is
+// built, so a refused batch changes nothing).
+static int all_keyed(PyObject *items) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, 0))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 // route_keyed(items, key_group_count, workers) -> list of lists | None.
 // Entry w of the result holds, in order, the items of items whose key
 // worker w owns. None when an item is not a (str, value) 2-tuple: the
@@ -47,13 +61,7 @@ MP_METHOD(route_keyed) {
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(items);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
-            !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, 0))) {
-            Py_RETURN_NONE;
-        }
-    }
+    if (!all_keyed(items)) Py_RETURN_NONE;
     PyObject *out = PyList_New(workers);
     if (out == NULL) return NULL;
     for (Py_ssize_t w = 0; w < workers; w++) {
@@ -87,13 +95,7 @@ MP_METHOD(group_keyed) {
     PyObject *items, *pending;
     if (!PyArg_ParseTuple(args, "O!O!", &PyList_Type, &items, &PyDict_Type, &pending)) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(items);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(items, i);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2 ||
-            !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, 0))) {
-            Py_RETURN_FALSE;
-        }
-    }
+    if (!all_keyed(items)) Py_RETURN_FALSE;
     // Dict operations on exact str keys and list appends run no Python
     // code, so items cannot change under the loop.
     for (Py_ssize_t i = 0; i < n; i++) {
