@@ -109,11 +109,9 @@ class Worker:
         return worker_for_key(key, self.count, self.key_group_count)
 
     def split_by_owner(self, items: List[Any]) -> Optional[List[List[Any]]]:
-        """Keyed ``items`` split by the worker that owns each key: entry ``w``
-        holds worker ``w``'s items, in their order. ``None`` when an item is
-        not a ``(str, value)`` 2-tuple (the caller names it)."""
-        if type(items) is not list:
-            items = list(items)
+        """Keyed ``items`` (a list) split by the worker that owns each key:
+        entry ``w`` holds worker ``w``'s items, in their order. ``None`` when
+        an item is not a ``(str, value)`` 2-tuple (the caller names it)."""
         return self._route_keyed(items, self.key_group_count, self.count)
 
     def emit(self, step: int, port: int, items: List[Any]) -> None:
