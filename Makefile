@@ -23,6 +23,7 @@ FUZZ_DECODE_RUNS   ?= 80000x
 FUZZ_SNAPFILE_RUNS ?= 2000x
 FUZZ_WAL_RUNS      ?= 3000x
 FUZZ_GETMANY_RUNS  ?= 2000x
+FUZZ_BUILD_RUNS    ?= 1000x
 
 .PHONY: all demo test test-fast gotest gotest-race gotest-long govet gofuzz pytest mypy ext venv bench clean fuzz
 .PHONY: test-lane-go test-lane-long test-lane-py kafka-jars
@@ -78,12 +79,14 @@ gofuzz:
 	go test -run='^$$' -fuzz=FuzzOpenSnapshotFile -fuzztime=$(FUZZ_SNAPFILE_RUNS) ./gostore/snapfile
 	go test -run='^$$' -fuzz=FuzzCheckWAL -fuzztime=$(FUZZ_WAL_RUNS) ./gostore/snapfile
 	go test -run='^$$' -fuzz=FuzzGetManyPacked -fuzztime=$(FUZZ_GETMANY_RUNS) ./gostore/snapfile
+	go test -run='^$$' -fuzz=FuzzBuild -fuzztime=$(FUZZ_BUILD_RUNS) ./gostore/snapfile
 
 FUZZTIME ?= 5m
 fuzz: FUZZ_DECODE_RUNS=$(FUZZTIME)
 fuzz: FUZZ_SNAPFILE_RUNS=$(FUZZTIME)
 fuzz: FUZZ_WAL_RUNS=$(FUZZTIME)
 fuzz: FUZZ_GETMANY_RUNS=$(FUZZTIME)
+fuzz: FUZZ_BUILD_RUNS=$(FUZZTIME)
 fuzz: gofuzz
 
 # pytest runs on PYTEST_WORKERS pytest-xdist workers (0: in this process).

@@ -26,9 +26,11 @@ import (
 // reported with ErrDamaged instead, when that can be told.
 var ErrNotSnapshotFile = errors.New("not a millpond snapshot file")
 
-const schema = `
-CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
-CREATE TABLE snaps (
+// The tables of every snapshot file. Build writes these statements into
+// the schema of the files it makes, as SQLite keeps them.
+const (
+	metaTableSQL  = `CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID`
+	snapsTableSQL = `CREATE TABLE snaps (
 	step_id   TEXT    NOT NULL,
 	state_key TEXT    NOT NULL,
 	epoch     INTEGER NOT NULL,
@@ -36,8 +38,9 @@ CREATE TABLE snaps (
 	value     BLOB,   -- NULL records a deletion
 	crc       INTEGER NOT NULL, -- rowCRC of the other columns
 	PRIMARY KEY (step_id, state_key, epoch)
-) WITHOUT ROWID;
-`
+) WITHOUT ROWID`
+	schema = metaTableSQL + ";\n" + snapsTableSQL + ";\n"
+)
 
 // recentTable is a local store's write buffer: the same rows as snaps,
 // written there when a batch is small next to the store. A small batch
