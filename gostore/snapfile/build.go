@@ -116,6 +116,7 @@ type builder struct {
 	maxLocal, minLocal int
 	// the lock-byte page (SQLite's PENDING_BYTE page), never used
 	pending uint32
+	arena   []byte // where cells are cut from (alloc)
 	// reserved holds the roots' pages until the end.
 	reserved map[uint32][]byte
 	crc      [25]byte
@@ -139,9 +140,9 @@ func (b *builder) ptrmapPage(p uint32) uint32 {
 	return (p-2)/per*per + 2
 }
 
-// alloc hands out the next page number, skipping pointer-map pages, whose
+// allocPage hands out the next page number, skipping pointer-map pages, whose
 // places the writer fills with zeros for now.
-func (b *builder) alloc() (uint32, error) {
+func (b *builder) allocPage() (uint32, error) {
 	for {
 		p := b.next
 		if p >= b.pending {
@@ -152,6 +153,18 @@ func (b *builder) alloc() (uint32, error) {
 			return p, nil
 		}
 	}
+}
+
+// alloc returns n bytes for a cell from a chunk shared by many: one
+// allocation a row was a sixth of Build's time (the allocator and the
+// collector's scans).
+func (b *builder) alloc(n int) []byte {
+	if len(b.arena) < n {
+		b.arena = make([]byte, max(n, 256<<10))
+	}
+	s := b.arena[:n:n]
+	b.arena = b.arena[n:]
+	return s
 }
 
 // setPtr records page p's pointer-map entry.
@@ -253,7 +266,7 @@ func (t *btree) add(h int, c cell) error {
 		last := l.cells[len(l.cells)-1]
 		l.cells = l.cells[:len(l.cells)-1]
 		l.used -= len(last.body) + 2
-		p, err := t.b.alloc()
+		p, err := t.b.allocPage()
 		if err != nil {
 			return err
 		}
@@ -281,7 +294,7 @@ func (t *btree) finish(root uint32) error {
 		p := root
 		if h < len(t.levels)-1 {
 			var err error
-			if p, err = t.b.alloc(); err != nil {
+			if p, err = t.b.allocPage(); err != nil {
 				return err
 			}
 		}
@@ -355,13 +368,17 @@ func (b *builder) indexCell(payload []byte) (cell, error) {
 			local = surplus
 		}
 	}
-	body := make([]byte, 0, varintLen(uint64(len(payload)))+local+4)
+	n := varintLen(uint64(len(payload))) + local
+	if local < len(payload) {
+		n += 4
+	}
+	body := b.alloc(n)[:0]
 	body = appendVarint(body, uint64(len(payload)))
 	body = append(body, payload[:local]...)
 	if local == len(payload) {
 		return cell{body: body}, nil
 	}
-	first, err := b.alloc()
+	first, err := b.allocPage()
 	if err != nil {
 		return cell{}, err
 	}
@@ -371,7 +388,7 @@ func (b *builder) indexCell(payload []byte) (cell, error) {
 		n := min(len(rest), b.size-4)
 		var next uint32
 		if len(rest) > n {
-			if next, err = b.alloc(); err != nil {
+			if next, err = b.allocPage(); err != nil {
 				return cell{}, err
 			}
 			b.setPtr(next, ptrOverflow2, p)
