@@ -2,6 +2,7 @@ package snapfile
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -18,32 +19,73 @@ import (
 
 // Build writes a new large segment (Options{Segment, LargePages}) at path
 // holding meta and rows, and opens it: the file Create and Write would
-// leave, made without SQLite. A whole-state epoch's segment holds a row
-// per key and is written every epoch; through INSERTs that cost 1.7-2 us
-// a row in SQLite's B-tree code (as modernc compiles it), most of a
-// recovery run's background CPU. Here the rows are sorted, encoded as
-// SQLite records and laid out into B-tree pages bottom-up, left to right,
-// each page filled, at a few hundred nanoseconds a row; SQLite reads the
-// result as its own (the tests hold it to PRAGMA integrity_check and to
-// the rows SQLite's own writes store), and later writes to the file go
-// through SQLite as before.
+// leave, made without SQLite (see Builder). Among rows with the same
+// (step, key, epoch) the last one wins, as in Write.
+func Build(ctx context.Context, path string, meta Meta, o Options, rows []rowbatch.Row) (*File, error) {
+	bl, err := NewBuilder(path, meta, o)
+	if err != nil {
+		return nil, err
+	}
+	order := sortedOrder(rows)
+	for i, idx := range order {
+		if i+1 < len(order) && sameRowKey(&rows[idx], &rows[order[i+1]]) {
+			continue // the last of equal keys wins, as INSERT OR REPLACE
+		}
+		if i%8192 == 0 {
+			if err := ctx.Err(); err != nil {
+				bl.Abort()
+				return nil, fmt.Errorf("build snapshot file %s: %w", path, err)
+			}
+		}
+		if err := bl.add(&rows[idx]); err != nil {
+			bl.Abort()
+			return nil, fmt.Errorf("build snapshot file %s: %w", path, err)
+		}
+	}
+	return bl.Finish(ctx)
+}
+
+// Builder writes a new large segment or compacted object (Options{Segment,
+// LargePages}) from rows given in key order, and opens it: the file Create
+// and Write would leave, made without SQLite. A whole-state epoch's
+// segment holds a row per key and is written every epoch, and a compacted
+// object holds the whole state; through INSERTs a row cost 2.0-2.1 us in
+// SQLite's B-tree code (as modernc compiles it), most of a recovery run's
+// background CPU. Here each row is checksummed, encoded as an SQLite
+// record and laid into B-tree pages bottom-up, left to right, each page
+// filled, at a few hundred nanoseconds a row; SQLite reads the result as
+// its own (the tests hold it to PRAGMA integrity_check and to the rows
+// SQLite's own writes store), and later writes to the file go through
+// SQLite as before.
 //
 // The file is SQLite's format 4 with the pages and incremental auto-vacuum
 // (pointer-map pages) of a large segment, so that a local store that
 // adopts a copy of it as a generation can still give freed pages back.
-// Build refuses, with ErrTooLarge and nothing left at path, a file that
-// would reach SQLite's lock-byte page at 1 GiB; Create and Write serve
-// those. Among rows with the same (step, key, epoch) the last one wins, as
-// in Write.
-func Build(ctx context.Context, path string, meta Meta, o Options, rows []rowbatch.Row) (*File, error) {
+// A file that would reach SQLite's lock-byte page at 1 GiB is refused with
+// ErrTooLarge (Create and Write serve those). Any error leaves nothing at
+// path.
+type Builder struct {
+	path  string
+	meta  Meta
+	opts  Options
+	fh    *os.File
+	b     *builder
+	snaps *btree
+	// last is the row added last (has is false before the first): the
+	// next must come after it.
+	last    rowbatch.Row
+	has     bool
+	payload []byte
+}
+
+// NewBuilder creates the file at path (it must not exist) for rows added
+// with Add and completed by Finish.
+func NewBuilder(path string, meta Meta, o Options) (*Builder, error) {
 	if !o.Segment || !o.LargePages || o.ReadOnly {
 		return nil, fmt.Errorf("build snapshot file %s: only large segments are built", path)
 	}
 	if err := keygroup.Validate(meta.KeyGroupCount, meta.WorkerIndex, meta.WorkerCount); err != nil {
 		return nil, fmt.Errorf("build snapshot file %s: %w", path, err)
-	}
-	for i := range rows {
-		meta.LastEpoch = max(meta.LastEpoch, rows[i].Epoch)
 	}
 	fh, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, os.ErrExist) {
@@ -53,20 +95,83 @@ func Build(ctx context.Context, path string, meta Meta, o Options, rows []rowbat
 		return nil, fmt.Errorf("build snapshot file %s: %w", path, err)
 	}
 	b := newBuilder(fh, LargePageSize)
-	err = b.build(ctx, meta, rows)
-	if cerr := fh.Close(); err == nil {
+	if o.BuildPageLimit > 0 {
+		b.pending = min(b.pending, uint32(o.BuildPageLimit))
+	}
+	return &Builder{path: path, meta: meta, opts: o, fh: fh, b: b, snaps: &btree{b: b}}, nil
+}
+
+// Add appends rows, which must follow each other, and the rows added
+// before, in (step, key, epoch) order: a row out of that order fails the
+// build (it would make a B-tree SQLite cannot search).
+func (bl *Builder) Add(ctx context.Context, rows []rowbatch.Row) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("build snapshot file %s: %w", bl.path, err)
+	}
+	for i := range rows {
+		if err := bl.add(&rows[i]); err != nil {
+			return fmt.Errorf("build snapshot file %s: %w", bl.path, err)
+		}
+	}
+	return nil
+}
+
+func (bl *Builder) add(r *rowbatch.Row) error {
+	if bl.has && rowCompare(&bl.last, r) >= 0 {
+		return fmt.Errorf("row %q/%q@%d added after %q/%q@%d: rows must be in key order, each once",
+			r.StepID, r.Key, r.Epoch, bl.last.StepID, bl.last.Key, bl.last.Epoch)
+	}
+	b := bl.b
+	group := int64(keygroup.Of(r.Key, bl.meta.KeyGroupCount))
+	sum := rowCRC(&b.crc, strBytes(r.StepID), strBytes(r.Key), r.Epoch, group, r.Deleted, r.Value)
+	bl.payload = appendSnapRecord(bl.payload[:0], r, group, int64(sum))
+	c, err := b.indexCell(bl.payload)
+	if err != nil {
+		return err
+	}
+	if err := bl.snaps.add(0, c); err != nil {
+		return err
+	}
+	bl.meta.LastEpoch = max(bl.meta.LastEpoch, r.Epoch)
+	bl.last, bl.has = rowbatch.Row{StepID: r.StepID, Key: r.Key, Epoch: r.Epoch}, true
+	return nil
+}
+
+// Finish completes the file and opens it (LastEpoch in its metadata
+// advanced to the newest row's epoch, as Write does).
+func (bl *Builder) Finish(ctx context.Context) (*File, error) {
+	err := bl.b.finish(bl.snaps, bl.meta)
+	if cerr := bl.fh.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		os.Remove(path)
-		return nil, fmt.Errorf("build snapshot file %s: %w", path, err)
+		os.Remove(bl.path)
+		return nil, fmt.Errorf("build snapshot file %s: %w", bl.path, err)
 	}
-	f, err := Open(ctx, path, o)
+	f, err := Open(ctx, bl.path, bl.opts)
 	if err != nil {
-		os.Remove(path)
-		return nil, fmt.Errorf("build snapshot file %s: %w", path, err)
+		os.Remove(bl.path)
+		return nil, fmt.Errorf("build snapshot file %s: %w", bl.path, err)
 	}
 	return f, nil
+}
+
+// Abort stops the build and removes the file.
+func (bl *Builder) Abort() {
+	bl.fh.Close()
+	os.Remove(bl.path)
+}
+
+// rowCompare orders rows as the snaps table does: by step, key (bytes,
+// as SQLite's BINARY collation compares text) and epoch.
+func rowCompare(a, c *rowbatch.Row) int {
+	if x := strings.Compare(a.StepID, c.StepID); x != 0 {
+		return x
+	}
+	if x := strings.Compare(a.Key, c.Key); x != 0 {
+		return x
+	}
+	return cmp.Compare(a.Epoch, c.Epoch)
 }
 
 // ErrTooLarge is wrapped by Build for rows that would make a file of 1 GiB
@@ -405,33 +510,10 @@ func (b *builder) indexCell(payload []byte) (cell, error) {
 	return cell{body: body, ovfl: first}, nil
 }
 
-// build writes the whole file: the rows' B-tree, the metadata's, then the
-// pages whose contents were known last.
-func (b *builder) build(ctx context.Context, meta Meta, rows []rowbatch.Row) error {
-	snaps := &btree{b: b}
-	order := sortedOrder(rows)
-	var payload []byte
-	for i, idx := range order {
-		if i+1 < len(order) && sameRowKey(&rows[idx], &rows[order[i+1]]) {
-			continue // the last of equal keys wins, as INSERT OR REPLACE
-		}
-		if i%8192 == 0 {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-		}
-		r := &rows[idx]
-		group := int64(keygroup.Of(r.Key, meta.KeyGroupCount))
-		sum := rowCRC(&b.crc, strBytes(r.StepID), strBytes(r.Key), r.Epoch, group, r.Deleted, r.Value)
-		payload = appendSnapRecord(payload[:0], r, group, int64(sum))
-		c, err := b.indexCell(payload)
-		if err != nil {
-			return err
-		}
-		if err := snaps.add(0, c); err != nil {
-			return err
-		}
-	}
+// finish writes the rest of the file once snaps has every row: the
+// open pages of its B-tree, the metadata's, then the pages whose contents
+// were known last.
+func (b *builder) finish(snaps *btree, meta Meta) error {
 	if err := snaps.finish(snapsRoot); err != nil {
 		return err
 	}

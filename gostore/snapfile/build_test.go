@@ -216,13 +216,58 @@ func TestBuildPastTheFirstPointerMapPage(t *testing.T) {
 
 func TestBuildRefusesWhatWouldReachTheLockBytePage(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "b.sqlite")
-	fh, err := os.Create(path)
+	o := largeSegment
+	o.BuildPageLimit = 40 // as if the lock-byte page came after 40 pages
+	bl, err := NewBuilder(path, testMeta(), o)
 	require.NoError(t, err)
-	defer fh.Close()
-	b := newBuilder(fh, LargePageSize)
-	b.pending = 40 // as if the lock-byte page came after 40 pages
-	err = b.build(context.Background(), testMeta(), benchRows(20000, 1))
+	err = bl.Add(context.Background(), benchRows(20000, 1))
 	require.ErrorIs(t, err, ErrTooLarge)
+	bl.Abort()
+	assert.NoFileExists(t, path)
+}
+
+// A compaction feeds a Builder page by page, in key order: the file is
+// the one Build makes of all the rows at once, and a row out of order
+// (or a key given twice) fails the build instead of making a B-tree that
+// SQLite would search wrongly.
+func TestBuilderTakesRowsInKeyOrderAcrossCalls(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	rows := benchRows(30000, 4)
+	rows = append(rows, row("z.step", "a", 1, "x"), row("z.step", "a", 2, "y"), del("z.step", "b", 3))
+	bl, err := NewBuilder(filepath.Join(dir, "paged.sqlite"), testMeta(), largeSegment)
+	require.NoError(t, err)
+	for start := 0; start < len(rows); start += 8192 {
+		require.NoError(t, bl.Add(ctx, rows[start:min(len(rows), start+8192)]))
+	}
+	f, err := bl.Finish(ctx)
+	require.NoError(t, err)
+	require.NoError(t, f.Seal())
+	g, err := Build(ctx, filepath.Join(dir, "whole.sqlite"), testMeta(), largeSegment, rows)
+	require.NoError(t, err)
+	require.NoError(t, g.Seal())
+	got, want := dumpFile(t, filepath.Join(dir, "paged.sqlite")), dumpFile(t, filepath.Join(dir, "whole.sqlite"))
+	assert.Equal(t, "ok", got.Integrity)
+	assert.Equal(t, want, got)
+
+	for name, bad := range map[string][2][]rowbatch.Row{
+		"a key again":         {{row("s", "a", 1, "x")}, {row("s", "a", 1, "y")}},
+		"an older epoch":      {{row("s", "a", 2, "x")}, {row("s", "a", 1, "y")}},
+		"a key before":        {{row("s", "b", 1, "x"), row("s", "a", 1, "y")}, nil},
+		"a step before":       {{row("t", "a", 1, "x")}, {row("s", "z", 1, "y")}},
+		"a longer key before": {{row("s", "ab", 1, "x")}, {row("s", "a", 1, "y")}},
+	} {
+		path := filepath.Join(dir, "bad.sqlite")
+		bl, err := NewBuilder(path, testMeta(), largeSegment)
+		require.NoError(t, err)
+		err = bl.Add(ctx, bad[0])
+		if err == nil {
+			err = bl.Add(ctx, bad[1])
+		}
+		assert.ErrorContains(t, err, "rows must be in key order", name)
+		bl.Abort()
+		assert.NoFileExists(t, path, name)
+	}
 }
 
 func TestBuildRefusesOtherKindsAndExistingFiles(t *testing.T) {

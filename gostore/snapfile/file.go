@@ -92,6 +92,11 @@ type Options struct {
 	// first open checked the log. The key filter's fill opens the store
 	// once a page, and would otherwise read the whole log each time.
 	LogChecked bool
+	// BuildPageLimit makes a Builder refuse, with ErrTooLarge, a file of
+	// this many pages or more; 0 (what callers other than tests give) is
+	// SQLite's own bound, the lock-byte page at 1 GiB. Tests set it to
+	// take the paths that serve files past that bound.
+	BuildPageLimit int
 }
 
 // LargePageSize is the page size of segments created with LargePages; it
