@@ -188,10 +188,13 @@ func writeCompacted(ctx context.Context, s *localstore.Store, path string, meta 
 	}
 	rows, err := scanCompacted(ctx, s, c, func(page []rowbatch.Row) error { return bl.Add(ctx, page) })
 	if err == nil {
-		f, err := bl.Finish(ctx)
-		return f, rows, err
+		var f *snapfile.File
+		if f, err = bl.Finish(ctx); err == nil {
+			return f, rows, nil
+		}
+	} else {
+		bl.Abort()
 	}
-	bl.Abort()
 	if !errors.Is(err, snapfile.ErrTooLarge) {
 		return nil, 0, err
 	}

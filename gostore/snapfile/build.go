@@ -174,8 +174,8 @@ func rowCompare(a, c *rowbatch.Row) int {
 	return cmp.Compare(a.Epoch, c.Epoch)
 }
 
-// ErrTooLarge is wrapped by Build for rows that would make a file of 1 GiB
-// or more.
+// ErrTooLarge is wrapped by Build, and by a Builder's Add or Finish, for
+// rows that would make a file of 1 GiB or more.
 var ErrTooLarge = errors.New("too large to build without SQLite")
 
 // The pages a built file reserves: the schema, the first pointer-map page
@@ -217,7 +217,7 @@ type builder struct {
 	ptr  [][2]uint32
 	page []byte // scratch for one page
 	// maxLocal and minLocal bound the payload an index cell keeps on its
-	// page (SQLite's btreeComputeFreeSpace and cell-size rules).
+	// page (SQLite's BtShared.maxLocal and minLocal for index pages).
 	maxLocal, minLocal int
 	// the lock-byte page (SQLite's PENDING_BYTE page), never used
 	pending uint32
@@ -245,8 +245,8 @@ func (b *builder) ptrmapPage(p uint32) uint32 {
 	return (p-2)/per*per + 2
 }
 
-// allocPage hands out the next page number, skipping pointer-map pages, whose
-// places the writer fills with zeros for now.
+// allocPage hands out the next page number, skipping pointer-map pages
+// (the writer fills their places with zeros for now).
 func (b *builder) allocPage() (uint32, error) {
 	for {
 		p := b.next

@@ -226,6 +226,28 @@ func TestBuildRefusesWhatWouldReachTheLockBytePage(t *testing.T) {
 	assert.NoFileExists(t, path)
 }
 
+// The pages Finish adds (the last leaf, the levels above) count too: a
+// build that only they take past the bound fails there, leaving no file.
+func TestBuilderFinishRefusesPagesPastTheBound(t *testing.T) {
+	ctx := context.Background()
+	rows := benchRows(20000, 1)
+	probe, err := NewBuilder(filepath.Join(t.TempDir(), "probe.sqlite"), testMeta(), largeSegment)
+	require.NoError(t, err)
+	require.NoError(t, probe.Add(ctx, rows))
+	afterAdd := probe.b.next
+	probe.Abort()
+
+	o := largeSegment
+	o.BuildPageLimit = int(afterAdd)
+	path := filepath.Join(t.TempDir(), "b.sqlite")
+	bl, err := NewBuilder(path, testMeta(), o)
+	require.NoError(t, err)
+	require.NoError(t, bl.Add(ctx, rows))
+	_, err = bl.Finish(ctx)
+	require.ErrorIs(t, err, ErrTooLarge)
+	assert.NoFileExists(t, path)
+}
+
 // A compaction feeds a Builder page by page, in key order: the file is
 // the one Build makes of all the rows at once, and a row out of order
 // (or a key given twice) fails the build instead of making a B-tree that
