@@ -116,7 +116,8 @@ func TestBuildHoldsWhatWriteStores(t *testing.T) {
 			row("s", "e", 9000000, "x"), row("s", "f", 1<<33, "x"), row("s", "g", 1<<50, "x"), row("s", "h", 1<<62, "x"),
 		}},
 		{"a leaf level", many(200, func(i int) string { return fmt.Sprintf("k%05d", i) }, func(i int) string { return "v" })},
-		{"three levels of small rows", many(60000, func(i int) string { return fmt.Sprintf("key-%010d", i) }, func(i int) string { return fmt.Sprintf("%d", i) })},
+		{"two levels of small rows", many(5000, func(i int) string { return fmt.Sprintf("key-%010d", i) }, func(i int) string { return fmt.Sprintf("%d", i) })},
+		{"three levels", many(3000, func(i int) string { return fmt.Sprintf("%06d", i) + sized(300, 'k') }, func(i int) string { return fmt.Sprintf("%d", i) })},
 		{"four levels of long keys", many(4000, func(i int) string { return fmt.Sprintf("%06d", i) + sized(1900, 'k') }, func(i int) string { return "v" })},
 		{"values around the local payload bounds", func() []rowbatch.Row {
 			var rows []rowbatch.Row
@@ -201,6 +202,9 @@ func TestBuiltFileTakesLaterWritesDeletesAndVacuum(t *testing.T) {
 // Pointer-map pages recur every size/5+1 pages: a file past the first
 // one's reach gets a second, and pages are numbered around it.
 func TestBuildPastTheFirstPointerMapPage(t *testing.T) {
+	if raceDetector {
+		t.Skip("120 MB of files: 18 s under the race detector; the plain lane runs it")
+	}
 	var rows []rowbatch.Row
 	for i := 0; i < 60; i++ {
 		rows = append(rows, row("s", fmt.Sprintf("k%03d", i), 1, sized(1<<20, byte('a'+i%26))))
@@ -255,7 +259,7 @@ func TestBuilderFinishRefusesPagesPastTheBound(t *testing.T) {
 func TestBuilderTakesRowsInKeyOrderAcrossCalls(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	rows := benchRows(30000, 4)
+	rows := benchRows(20000, 4)
 	rows = append(rows, row("z.step", "a", 1, "x"), row("z.step", "a", 2, "y"), del("z.step", "b", 3))
 	bl, err := NewBuilder(filepath.Join(dir, "paged.sqlite"), testMeta(), largeSegment)
 	require.NoError(t, err)
