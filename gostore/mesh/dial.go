@@ -188,11 +188,23 @@ func (m *Mesh) greet(ctx context.Context, cc *grpc.ClientConn, p *peer, pr *prob
 	// process of its cluster and stops its own Start as well.
 	proof := handshakeMAC(m.s.Secret, "client", helloBytes, body)
 	sendErr := stream.SendMsg(&msg{typ: msgProof, body: proof})
+	var bad error
 	if c.index != p.index {
-		return nil, permanent(ErrIdentityMismatch, "answers as process %d: the processes were started with different address lists", c.index)
+		bad = permanent(ErrIdentityMismatch, "answers as process %d: the processes were started with different address lists", c.index)
+	} else if d := disagreement(m.n, c.count, m.s.Identity, c.identity); d != "" {
+		bad = permanent(ErrIdentityMismatch, "disagrees on %s", d)
 	}
-	if d := disagreement(m.n, c.count, m.s.Identity, c.identity); d != "" {
-		return nil, permanent(ErrIdentityMismatch, "disagrees on %s", d)
+	if bad != nil {
+		// This Start fails now and closes this process's listener; the
+		// server must have read the proof first, or it would learn of the
+		// disagreement from nobody and wait out its start timeout as for
+		// a process that never came (the cancel right after could reset
+		// the stream before gRPC wrote the proof). It ends the stream
+		// with its refusal once it has.
+		if sendErr == nil {
+			drainAfterRefusal(stream)
+		}
+		return nil, bad
 	}
 	if sendErr != nil {
 		return nil, m.streamEnd(stream, sendErr)
