@@ -28,7 +28,7 @@ func Build(ctx context.Context, path string, meta Meta, o Options, rows []rowbat
 	}
 	order := sortedOrder(rows)
 	for i, idx := range order {
-		if i+1 < len(order) && sameRowKey(&rows[idx], &rows[order[i+1]]) {
+		if i+1 < len(order) && rowCompare(&rows[idx], &rows[order[i+1]]) == 0 {
 			continue // the last of equal keys wins, as INSERT OR REPLACE
 		}
 		if i%8192 == 0 {
@@ -546,11 +546,6 @@ func (b *builder) finish(snaps *btree, meta Meta) error {
 		return err
 	}
 	return b.putAt(schemaPage, b.schemaPage(last))
-}
-
-// sameRowKey tells whether two rows have the same primary key.
-func sameRowKey(a, c *rowbatch.Row) bool {
-	return a.Epoch == c.Epoch && a.Key == c.Key && a.StepID == c.StepID
 }
 
 // sortedFields returns fields as (name, value) pairs in name order, the
