@@ -33,7 +33,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
-from typing import Counter, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Counter, Dict, List, Optional, Sequence, Tuple
 
 import pytest
 
@@ -408,6 +408,52 @@ def test_epochs_committed_by_millpond_but_not_by_kafka_are_published_once_on_res
     assert "that Kafka had not committed" not in third.stderr, third.stderr[-3000:]
     got = as_multiset(kb.read_all(dst))
     assert got == WC_EXPECTED, multiset_diff(got, WC_EXPECTED)
+
+
+def test_epochs_a_resume_republishes_stay_in_snapshots_until_kafka_has_them(kafka_broker, monkeypatch):
+    """A resumed partition publishes its resume state's epochs in a
+    background job; epochs that close meanwhile are snapshotted and
+    committed by millpond. If that snapshot left the republished epochs
+    out and the process died before Kafka committed them, the next resume
+    would find them in neither place: lost (seen once in the SIGKILL test
+    under load). Here the job is held, epoch 5 closes, the process "dies";
+    the next run must publish epochs 4 and 5 exactly once, and the held
+    job of the dead run, let go afterwards, must publish nothing again."""
+    import marshal
+    import threading
+
+    from millpond.connectors.kafka import KafkaSink, KafkaSinkMessage
+    from millpond.connectors.kafka import sink as ksink
+
+    kb = kafka_broker
+    topic = kb.create_topic(kb.topic_name("regap"), 1)
+    sink = KafkaSink(kb.bootstrap, topic, exactly_once=True)
+    part = f"{topic}-0"
+    old = [(b"k", f"e4-{i}".encode(), None) for i in range(3)]
+    release = threading.Event()
+    real_start = ksink._ExactlyOncePartition._start
+
+    def held_start(self: Any, *args: Any) -> None:
+        release.wait(60)
+        real_start(self, *args)
+
+    monkeypatch.setattr(ksink._ExactlyOncePartition, "_start", held_start)
+    dead = sink.build_part("out", part, {"pending": [(4, marshal.dumps(old, 4))]})
+    dead.write_batch([KafkaSinkMessage(b"k", b"e5")])
+    dead.prepare(5)
+    state = dead.snapshot()
+    assert [epoch for epoch, _blob in state["pending"]] == [4, 5], "epoch 4 is not in Kafka yet"
+    monkeypatch.setattr(ksink._ExactlyOncePartition, "_start", real_start)
+    resumed = sink.build_part("out", part, state)
+    resumed.prepare(6)
+    resumed.commit(6)
+    resumed.close()
+    want = collections.Counter([b"e4-0", b"e4-1", b"e4-2", b"e5"])
+    assert collections.Counter(v for _k, v, _p, _o in kb.read_all(topic)) == want
+    release.set()
+    dead._job.join(60)
+    dead.close()  # its marker covers epoch 5 now: it publishes nothing
+    assert collections.Counter(v for _k, v, _p, _o in kb.read_all(topic)) == want
 
 
 #: The kill tests' flow: 10 ms per line, 2 lines per source batch, so an

@@ -20,7 +20,9 @@ of the topic):
    records of every epoch in its resume state that the marker does not
    cover: those were committed by millpond but not yet by Kafka. Epochs
    the marker covers are not repeated; epochs after the resume point
-   are gone with the aborted transaction.
+   are gone with the aborted transaction. Until that is done, the resume
+   state's epochs stay in the partition's snapshots, so a crash meanwhile
+   leaves them to the next resume.
 
 Readers with ``isolation.level=read_committed`` see every record once.
 """
@@ -216,17 +218,22 @@ class _ExactlyOncePartition(TwoPhaseSinkPartition[KafkaSinkMessage[Any, Any], Di
         self._current_sent = 0
         # Closed epochs not yet published, oldest first. Only the first can
         # be in the open transaction (then the transaction is sealed: it
-        # takes no records of later epochs).
-        self._pending: List[_Entry] = []
+        # takes no records of later epochs). The resume state's epochs are
+        # among them until the start job has published them or found them
+        # published, so they are in every snapshot meanwhile: epochs that
+        # close during the job get committed by millpond, and a snapshot
+        # without them would, after a crash before Kafka's commit, leave
+        # them in neither place.
+        self._pending: List[_Entry] = [
+            _entry_from_state(e, data) for e, data in (resume_state or {}).get("pending", [])]
         self._open = False
         # The newest epoch millpond committed, as far as this partition knows.
         self._committed = 0
         self._changed = resume_state is not None
         self._job: Optional[threading.Thread] = None
-        self._job_done = 0  # pending entries the running job publishes
+        self._job_done = len(self._pending)  # pending entries the running job publishes
         self._error: Optional[BaseException] = None
-        todo = [_entry_from_state(e, data) for e, data in (resume_state or {}).get("pending", [])]
-        self._run_job(self._start, marker_conf, todo)
+        self._run_job(self._start, marker_conf, list(self._pending))
 
     # -- Kafka calls (the job's thread, or the worker's when no job runs) --
 
