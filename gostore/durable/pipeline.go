@@ -13,6 +13,7 @@ import (
 
 	"github.com/millpond/millpond/gostore/backup"
 	"github.com/millpond/millpond/gostore/keygroup"
+	"github.com/millpond/millpond/gostore/localstore"
 	"github.com/millpond/millpond/gostore/rowbatch"
 	"github.com/millpond/millpond/gostore/segment"
 	"github.com/millpond/millpond/gostore/snapfile"
@@ -64,7 +65,7 @@ func (r *Run) Write(ctx context.Context, w int, b rowbatch.Batch) (int, error) {
 	for i := range b.Rows {
 		b.Rows[i].Epoch = b.Epoch
 	}
-	cut, staged := b.Rows, (<-chan string)(nil)
+	cut, staged := b.Rows, (<-chan localstore.Staged)(nil)
 	if b.Whole {
 		var err error
 		if cut, staged, err = r.takeWhole(w, b); err != nil {

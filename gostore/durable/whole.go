@@ -1,6 +1,7 @@
 package durable
 
 import (
+	"github.com/millpond/millpond/gostore/localstore"
 	"github.com/millpond/millpond/gostore/rowbatch"
 	"github.com/millpond/millpond/gostore/segment"
 )
@@ -24,7 +25,7 @@ type heldDeletions struct {
 // store's writer (localstore.Store.WriteAsync).
 type handoff struct {
 	epoch  int64
-	staged chan string
+	staged chan localstore.Staged
 }
 
 // takeWhole registers worker w's whole batch b (see Write). It marks the
@@ -42,7 +43,7 @@ type handoff struct {
 // needs and compacted state does without (a restore and a compaction skip
 // them, and so does the local store when it adopts the staged copy). A
 // worker whose whole batch is empty cuts no segment: it is bare.
-func (r *Run) takeWhole(w int, b rowbatch.Batch) ([]rowbatch.Row, <-chan string, error) {
+func (r *Run) takeWhole(w int, b rowbatch.Batch) ([]rowbatch.Row, <-chan localstore.Staged, error) {
 	r.markWhole(w, b.Epoch)
 	if r.cfg.Mode != SnapshotBatch {
 		return b.Rows, nil, nil
@@ -60,7 +61,7 @@ func (r *Run) takeWhole(w int, b rowbatch.Batch) ([]rowbatch.Row, <-chan string,
 		// is no segment to copy.
 		return rows, nil, nil
 	}
-	h := &handoff{epoch: b.Epoch, staged: make(chan string, 1)}
+	h := &handoff{epoch: b.Epoch, staged: make(chan localstore.Staged, 1)}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if err := r.err; err != nil {
@@ -273,8 +274,8 @@ func (r *Run) stage(w int, seg segment.Segment) {
 		return
 	}
 	defer close(h.staged)
-	if path, err := r.stores[w].StageGeneration(seg.Path); err == nil {
-		h.staged <- path
+	if copied, err := r.stores[w].StageGeneration(seg.Path, seg.Deletions); err == nil {
+		h.staged <- copied
 	} else {
 		// The store writes the batch's rows instead.
 		r.cfg.Logger.Warn("staging a whole epoch's segment for the local store failed", "worker", w, "epoch", h.epoch, "err", err)

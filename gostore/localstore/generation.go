@@ -53,19 +53,34 @@ func removeStaged(wdir string) error {
 	return nil
 }
 
+// Staged is a copy of a whole epoch's segment made for the store's writer
+// (StageGeneration).
+type Staged struct {
+	// Path is the copy, which belongs to the store.
+	Path string
+	// Deletions is how many deletion records the segment holds (its
+	// cutter counted them; more than there are is harmless). The store
+	// drops them before the copy becomes a generation, and skips the scan
+	// that finds them when there are none: a whole epoch of a flow that
+	// deletes nothing would otherwise read every row of the file for
+	// nothing (8% of a word count's background CPU).
+	Deletions int64
+}
+
 // StageGeneration copies a sealed segment that holds exactly a whole-state
-// batch (WriteAsync with staged) into the store's directory and returns the
-// copy's path, to be handed to the batch's writer. The segment is written
-// anyway, for the durable store; copying it, rather than writing the same
-// rows into a new file a second time, makes a whole epoch's local write
-// cost a file copy. The copy belongs to the store from then on.
-func (s *Store) StageGeneration(segment string) (string, error) {
+// batch (WriteAsync with staged), of which deletions are deletion records,
+// into the store's directory, to be handed to the batch's writer. The
+// segment is written anyway, for the durable store; copying it, rather
+// than writing the same rows into a new file a second time, makes a whole
+// epoch's local write cost a file copy. The copy belongs to the store from
+// then on.
+func (s *Store) StageGeneration(segment string, deletions int64) (Staged, error) {
 	dst := filepath.Join(WorkerDir(s.cfg.Dir, s.cfg.FlowID, s.cfg.WorkerIndex), stagedName(s.staged.Add(1)))
 	if err := copyFile(segment, dst); err != nil {
 		removeFile(dst)
-		return "", fmt.Errorf("stage %s as the next generation of the local store: %w", segment, err)
+		return Staged{}, fmt.Errorf("stage %s as the next generation of the local store: %w", segment, err)
 	}
-	return dst, nil
+	return Staged{Path: dst, Deletions: deletions}, nil
 }
 
 func copyFile(src, dst string) error {
@@ -89,13 +104,13 @@ func copyFile(src, dst string) error {
 // adoptStaged makes a staged copy of a whole epoch's segment the waiting
 // generation; rows are the same batch, written the slow way when a
 // generation already waits. s.mu is held.
-func (s *Store) adoptStaged(ctx context.Context, epoch int64, staged string, rows []rowbatch.Row) (int, error) {
+func (s *Store) adoptStaged(ctx context.Context, epoch int64, staged Staged, rows []rowbatch.Row) (int, error) {
 	if s.next != nil {
-		removeFile(staged)
+		removeFile(staged.Path)
 		return s.writeLocked(ctx, epoch, rows)
 	}
 	if m := s.file.Meta(); epoch < 1 || epoch < m.LastEpoch {
-		removeFile(staged)
+		removeFile(staged.Path)
 		return 0, fmt.Errorf("write to %s at epoch %d: epochs start at 1 and never go back (last written: %d)", s.file.Path(), epoch, m.LastEpoch)
 	}
 	start := time.Now()
@@ -106,7 +121,7 @@ func (s *Store) adoptStaged(ctx context.Context, epoch int64, staged string, row
 			return 0, fmt.Errorf("adopt the next generation of the local store: %w", err)
 		}
 	}
-	if err := os.Rename(staged, path); err != nil {
+	if err := os.Rename(staged.Path, path); err != nil {
 		return 0, fmt.Errorf("adopt the next generation of the local store: %w", err)
 	}
 	f, err := snapfile.Open(ctx, path, snapfile.Options{})
@@ -129,8 +144,10 @@ func (s *Store) adoptStaged(ctx context.Context, epoch int64, staged string, row
 	}
 	// The file only counts as a generation once it is marked local, after
 	// its deletions are gone (settle drops it until then).
-	if _, err := f.DropDeletions(ctx); err != nil {
-		return fail(err)
+	if staged.Deletions > 0 {
+		if _, err := f.DropDeletions(ctx); err != nil {
+			return fail(err)
+		}
 	}
 	s.syncCommitted()
 	want = s.file.Meta()

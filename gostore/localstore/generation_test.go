@@ -238,16 +238,19 @@ func segmentOf(t *testing.T, epoch int64, rows []rowbatch.Row, worker int) strin
 // store's, the rows are written instead. Either way the store then shows
 // the whole state, and takes later writes and its commit as usual.
 func TestStagedWholeBatch(t *testing.T) {
-	whole := func() []rowbatch.Row { return []rowbatch.Row{put("a", "3"), put("d", "3"), del("b")} }
+	withDeletion := func() []rowbatch.Row { return []rowbatch.Row{put("a", "3"), put("d", "3"), del("b")} }
+	live := func() []rowbatch.Row { return []rowbatch.Row{put("a", "3"), put("d", "3")} }
 	cases := []struct {
 		name    string
+		whole   func() []rowbatch.Row
 		segment func(t *testing.T) string // "" sends nothing
 		adopted bool
 	}{
-		{"staged copy", func(t *testing.T) string { return segmentOf(t, 3, whole(), 0) }, true},
-		{"no copy", func(t *testing.T) string { return "" }, false},
-		{"another worker's segment", func(t *testing.T) string { return segmentOf(t, 3, whole(), 1) }, false},
-		{"another epoch's segment", func(t *testing.T) string { return segmentOf(t, 4, whole(), 0) }, false},
+		{"staged copy", withDeletion, func(t *testing.T) string { return segmentOf(t, 3, withDeletion(), 0) }, true},
+		{"staged copy without deletions", live, func(t *testing.T) string { return segmentOf(t, 3, live(), 0) }, true},
+		{"no copy", withDeletion, func(t *testing.T) string { return "" }, false},
+		{"another worker's segment", withDeletion, func(t *testing.T) string { return segmentOf(t, 3, withDeletion(), 1) }, false},
+		{"another epoch's segment", withDeletion, func(t *testing.T) string { return segmentOf(t, 4, withDeletion(), 0) }, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -255,12 +258,19 @@ func TestStagedWholeBatch(t *testing.T) {
 			dir := t.TempDir()
 			s := stored(t, dir)
 			defer s.Close()
-			staged := make(chan string, 1)
-			require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, whole(), true), staged))
+			staged := make(chan Staged, 1)
+			rows := c.whole()
+			require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, rows, true), staged))
 			if seg := c.segment(t); seg != "" {
-				path, err := s.StageGeneration(seg)
+				deletions := int64(0)
+				for _, r := range rows {
+					if r.Deleted {
+						deletions++
+					}
+				}
+				copied, err := s.StageGeneration(seg, deletions)
 				require.NoError(t, err)
-				staged <- path
+				staged <- copied
 			}
 			close(staged)
 			require.NoError(t, s.WriteAsync(rowbatch.NewBatch(4, []rowbatch.Row{put("e", "4")}, false), nil))
@@ -306,12 +316,12 @@ func TestTwoStagedEpochsInFlight(t *testing.T) {
 	defer s.Close()
 	third := []rowbatch.Row{put("a", "3"), put("d", "3")}
 	fourth := []rowbatch.Row{put("a", "4"), put("d", "4"), put("f", "4")}
-	ch3, ch4 := make(chan string, 1), make(chan string, 1)
+	ch3, ch4 := make(chan Staged, 1), make(chan Staged, 1)
 	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(3, third, true), ch3))
 	require.NoError(t, s.WriteAsync(rowbatch.NewBatch(4, fourth, true), ch4))
-	p3, err := s.StageGeneration(segmentOf(t, 3, third, 0))
+	p3, err := s.StageGeneration(segmentOf(t, 3, third, 0), 0)
 	require.NoError(t, err)
-	p4, err := s.StageGeneration(segmentOf(t, 4, fourth, 0))
+	p4, err := s.StageGeneration(segmentOf(t, 4, fourth, 0), 0)
 	require.NoError(t, err)
 	ch3 <- p3
 	close(ch3)

@@ -89,12 +89,12 @@ func TestStateIsOwnerOnly(t *testing.T) {
 			_, err = s.Write(ctx, rowbatch.NewBatch(1, []rowbatch.Row{put("a", "1")}, false))
 			require.NoError(t, err)
 			seg := segmentOf(t, 2, []rowbatch.Row{put("a", "2")}, 0)
-			staged, err := s.StageGeneration(seg)
+			staged, err := s.StageGeneration(seg, 0)
 			require.NoError(t, err)
 			wdir := WorkerDir(dir, "wc", 0)
 			require.NoError(t, markDamaged(wdir, "test"))
 			for _, p := range []string{filepath.Join(wdir, FileName), filepath.Join(wdir, FileName+"-wal"),
-				filepath.Join(wdir, FileName+"-shm"), filepath.Join(wdir, "LOCK"), staged, filepath.Join(wdir, DamagedFileName)} {
+				filepath.Join(wdir, FileName+"-shm"), filepath.Join(wdir, "LOCK"), staged.Path, filepath.Join(wdir, DamagedFileName)} {
 				st, err := os.Stat(p)
 				require.NoError(t, err, p)
 				assert.Equal(t, fs.FileMode(0o600), st.Mode().Perm(), p)

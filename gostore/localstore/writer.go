@@ -21,9 +21,9 @@ type asyncBatch struct {
 	// commit entry, which is not listed).
 	seq   int64
 	batch rowbatch.Batch
-	// staged, for a batch that starts a generation, delivers the path of
-	// its segment's copy (StageGeneration), or is closed without one.
-	staged <-chan string
+	// staged, for a batch that starts a generation, delivers its
+	// segment's copy (StageGeneration), or is closed without one.
+	staged <-chan Staged
 	// commit marks no batch, only a commit to act on.
 	commit bool
 }
@@ -52,14 +52,14 @@ func (s *Store) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
 // A batch that StartsGeneration starts a new generation of the store
 // instead of being written over the old one, which spares collecting every
 // row it supersedes; the generation replaces the old file once b's epoch
-// commits (NoteCommitted). For such a batch, staged may deliver the path
-// of a copy of the segment that holds exactly b (StageGeneration): the
-// writer takes the copy as the generation instead of writing the rows
-// again, and writes them after all if staged is closed without a path.
-// The writer waits for staged in order with the other writes, so the
-// caller must make sure it gets a path or is closed (reads and Flush wait
-// for it too). Pass nil otherwise.
-func (s *Store) WriteAsync(b rowbatch.Batch, staged <-chan string) error {
+// commits (NoteCommitted). For such a batch, staged may deliver a copy of
+// the segment that holds exactly b (StageGeneration): the writer takes the
+// copy as the generation instead of writing the rows again, and writes
+// them after all if staged is closed without a copy. The writer waits for
+// staged in order with the other writes, so the caller must make sure it
+// gets a copy or is closed (reads and Flush wait for it too). Pass nil
+// otherwise.
+func (s *Store) WriteAsync(b rowbatch.Batch, staged <-chan Staged) error {
 	// Before the batch is queued: a read that the filter lets through
 	// then finds it in the queue list. Its own filter (for reads of the
 	// queue) gets the keys from the same hashing.
@@ -270,8 +270,8 @@ func (s *Store) runAsync(ch <-chan asyncBatch, done chan struct{}) {
 		} else if b.staged != nil {
 			// The writer failed before this batch: the staged copy is
 			// nobody's now.
-			if path, ok := <-b.staged; ok && path != "" {
-				removeFile(path)
+			if copied, ok := <-b.staged; ok && copied.Path != "" {
+				removeFile(copied.Path)
 			}
 		}
 		// Off the queue list first: reads take rows from the batches
@@ -316,18 +316,18 @@ func (s *Store) promoteCommitted(ctx context.Context) error {
 	return s.maybePromote(ctx)
 }
 
-func (s *Store) writeStaged(ctx context.Context, b rowbatch.Batch, staged <-chan string) (int, error) {
-	path, ok := <-staged
-	if !ok || path == "" {
+func (s *Store) writeStaged(ctx context.Context, b rowbatch.Batch, staged <-chan Staged) (int, error) {
+	copied, ok := <-staged
+	if !ok || copied.Path == "" {
 		return s.writeWhole(ctx, b.Epoch, b.Rows)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.file == nil {
-		removeFile(path)
+		removeFile(copied.Path)
 		return 0, errClosed
 	}
-	n, err := s.adoptStaged(ctx, b.Epoch, path, b.Rows)
+	n, err := s.adoptStaged(ctx, b.Epoch, copied, b.Rows)
 	if err != nil {
 		// The copy was the shortcut; the rows are the batch itself.
 		return s.startGeneration(ctx, b.Epoch, b.Rows)

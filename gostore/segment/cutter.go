@@ -56,6 +56,9 @@ type Segment struct {
 	Path string
 	Meta snapfile.Meta
 	Rows int64
+	// Deletions counts the deletion records among Rows (a reader that
+	// must drop them can skip a scan for none).
+	Deletions int64
 	// Seq orders the segments one cutter finished.
 	Seq int64
 }
@@ -80,6 +83,7 @@ type Cutter struct {
 	cur     *snapfile.File
 	curMeta snapfile.Meta
 	curRows int64
+	curDels int64
 	seq     int64
 }
 
@@ -125,9 +129,13 @@ func (c *Cutter) write(ctx context.Context, ev Event) error {
 	if len(ev.Rows) == 0 {
 		return nil
 	}
+	var dels int64
 	for i := range ev.Rows {
 		if ev.Rows[i].Epoch != ev.Epoch { // batches may be shared: write only if needed
 			ev.Rows[i].Epoch = ev.Epoch
+		}
+		if ev.Rows[i].Deleted {
+			dels++
 		}
 	}
 	if c.cur == nil {
@@ -145,7 +153,7 @@ func (c *Cutter) write(ctx context.Context, ev Event) error {
 			// fraction of the CPU its INSERTs did.
 			f, err := snapfile.Build(ctx, path, m, opts, ev.Rows)
 			if err == nil {
-				c.cur, c.curMeta, c.curRows = f, m, int64(len(ev.Rows))
+				c.cur, c.curMeta, c.curRows, c.curDels = f, m, int64(len(ev.Rows)), dels
 				return nil
 			}
 			if !errors.Is(err, snapfile.ErrTooLarge) {
@@ -156,13 +164,14 @@ func (c *Cutter) write(ctx context.Context, ev Event) error {
 		if err != nil {
 			return fmt.Errorf("segment cutter: %w", err)
 		}
-		c.cur, c.curMeta, c.curRows = f, m, 0
+		c.cur, c.curMeta, c.curRows, c.curDels = f, m, 0, 0
 	}
 	n, err := c.cur.Write(ctx, ev.Rows)
 	if err != nil {
 		return fmt.Errorf("segment cutter: %w", err)
 	}
 	c.curRows += int64(n)
+	c.curDels += dels
 	return nil
 }
 
@@ -171,12 +180,12 @@ func (c *Cutter) finish() error {
 	if c.cur == nil {
 		return nil
 	}
-	f, meta, rows := c.cur, c.cur.Meta(), c.curRows
+	f, meta, rows, dels := c.cur, c.cur.Meta(), c.curRows, c.curDels
 	c.cur = nil
 	if err := f.Seal(); err != nil {
 		return fmt.Errorf("segment cutter: %w", err)
 	}
-	seg := Segment{Path: f.Path(), Meta: meta, Rows: rows, Seq: c.seq}
+	seg := Segment{Path: f.Path(), Meta: meta, Rows: rows, Deletions: dels, Seq: c.seq}
 	c.seq++
 	return c.cfg.Emit(seg)
 }

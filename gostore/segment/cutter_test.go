@@ -130,3 +130,59 @@ func TestSegmentPageSizeFollowsTheFirstBatch(t *testing.T) {
 		})
 	}
 }
+
+// A segment counts its deletion records, whichever way it was written
+// (built from a large first batch, or INSERTed), so that a local store
+// adopting a copy drops them only when there are some: the count may
+// only exceed the records the file holds, never fall short of them.
+func TestSegmentsCountTheirDeletions(t *testing.T) {
+	batch := func(n, deleted int) []rowbatch.Row {
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("k%06d", i)
+		}
+		out := rows(keys...)
+		for i := 0; i < deleted; i++ {
+			out[i*7%n] = rowbatch.Row{StepID: "s", Key: out[i*7%n].Key, Deleted: true}
+		}
+		return out
+	}
+	cases := []struct {
+		name    string
+		mode    Mode
+		batches [][]rowbatch.Row
+		want    []int64 // deletions per emitted segment
+	}{
+		{"small, none", PerEpoch, [][]rowbatch.Row{batch(10, 0)}, []int64{0}},
+		{"small, some", PerEpoch, [][]rowbatch.Row{batch(10, 3)}, []int64{3}},
+		{"built, none", PerEpoch, [][]rowbatch.Row{batch(snapfile.LargePageRows, 0)}, []int64{0}},
+		{"built, some", PerEpoch, [][]rowbatch.Row{batch(snapfile.LargePageRows, 5)}, []int64{5}},
+		{"built, then a batch with some", PerEpoch, [][]rowbatch.Row{batch(snapfile.LargePageRows, 0), batch(4, 2)}, []int64{2}},
+		{"per batch", PerBatch, [][]rowbatch.Row{batch(10, 1), batch(10, 0)}, []int64{1, 0}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			var got []Segment
+			cut, err := NewCutter(Config{Mode: c.mode, Dir: t.TempDir(), Meta: meta(),
+				Emit: func(s Segment) error { got = append(got, s); return nil }})
+			require.NoError(t, err)
+			for _, b := range c.batches {
+				require.NoError(t, cut.Apply(ctx, Event{Epoch: 1, Rows: b}))
+			}
+			require.NoError(t, cut.Apply(ctx, Event{Epoch: 1, Close: true}))
+			require.NoError(t, cut.Close())
+			require.Len(t, got, len(c.want))
+			for i, s := range got {
+				assert.Equal(t, c.want[i], s.Deletions)
+				db, err := sql.Open("sqlite", "file:"+s.Path+"?mode=ro")
+				require.NoError(t, err)
+				var held int64
+				require.NoError(t, db.QueryRow(`SELECT count(*) FROM snaps WHERE value IS NULL`).Scan(&held))
+				require.NoError(t, db.Close())
+				assert.LessOrEqual(t, held, s.Deletions, "the file holds no deletion the count misses")
+				assert.Equal(t, c.want[i] > 0, held > 0)
+			}
+		})
+	}
+}
