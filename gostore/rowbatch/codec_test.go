@@ -54,7 +54,9 @@ func TestDecodeRejectsMalformed(t *testing.T) {
 		{"trailing", append(append([]byte{}, good...), 0), "trailing"},
 		{"lying count", []byte("MPB1\xff\xff\xff\x0f"), "row count"},
 		{"empty step", Encode([]Row{{StepID: "", Key: "k", Deleted: true}}), "empty step id"},
-		{"bad varint", []byte("MPB1\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"), "varint"},
+		{"bad varint", []byte("MPB1\x01\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"), "bad step id length varint at byte 5"},
+		{"bad key length", []byte("MPB1\x01\x01s\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"), "bad key length varint at byte 7"},
+		{"bad value tag", []byte("MPB1\x01\x01s\x01k\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"), "bad value tag varint at byte 9"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

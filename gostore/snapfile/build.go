@@ -26,9 +26,9 @@ func Build(ctx context.Context, path string, meta Meta, o Options, rows []rowbat
 	if err != nil {
 		return nil, err
 	}
-	order := sortedOrder(rows)
-	for i, idx := range order {
-		if i+1 < len(order) && rowCompare(&rows[idx], &rows[order[i+1]]) == 0 {
+	sorted := sortedEntries(rows)
+	for i, e := range sorted {
+		if i+1 < len(sorted) && e.samePrefix(sorted[i+1]) && rowCompare(&rows[e.idx], &rows[sorted[i+1].idx]) == 0 {
 			continue // the last of equal keys wins, as INSERT OR REPLACE
 		}
 		if i%8192 == 0 {
@@ -37,7 +37,10 @@ func Build(ctx context.Context, path string, meta Meta, o Options, rows []rowbat
 				return nil, fmt.Errorf("build snapshot file %s: %w", path, err)
 			}
 		}
-		if err := bl.add(&rows[idx]); err != nil {
+		// In the sort's order, each once: the order check Add makes on
+		// rows from elsewhere (two key comparisons a row, among rows
+		// scattered through the batch) is not needed.
+		if err := bl.put(&rows[e.idx]); err != nil {
 			bl.Abort()
 			return nil, fmt.Errorf("build snapshot file %s: %w", path, err)
 		}
@@ -121,6 +124,11 @@ func (bl *Builder) add(r *rowbatch.Row) error {
 		return fmt.Errorf("row %q/%q@%d added after %q/%q@%d: rows must be in key order, each once",
 			r.StepID, r.Key, r.Epoch, bl.last.StepID, bl.last.Key, bl.last.Epoch)
 	}
+	return bl.put(r)
+}
+
+// put lays out r, which follows the row before in key order.
+func (bl *Builder) put(r *rowbatch.Row) error {
 	b := bl.b
 	group := int64(keygroup.Of(r.Key, bl.meta.KeyGroupCount))
 	sum := rowCRC(&b.crc, strBytes(r.StepID), strBytes(r.Key), r.Epoch, group, r.Deleted, r.Value)

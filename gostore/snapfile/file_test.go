@@ -282,14 +282,23 @@ func TestSortedOrderLargeBatchKeepsLastDuplicateLast(t *testing.T) {
 // sortedOrder's prefix words must order rows exactly as comparing whole
 // (step, key, epoch, arrival) does, whatever the keys: shared prefixes
 // longer than 16 bytes, keys that differ only in length or in trailing
-// NUL bytes, several steps.
+// NUL bytes, several steps; with and without a prefix every key of the
+// batch shares (the words are taken after it), including keys that are
+// that prefix and nothing more.
 func TestSortedOrderMatchesAFullComparison(t *testing.T) {
 	alphabet := []string{"", "\x00", "a", "ab", "user-0000000", "user-00000000000000000", "\xff", "é"}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for _, n := range []int{1, 17, 500, parallelSortRows + 321} {
+	for _, c := range []struct {
+		n      int
+		shared string
+	}{
+		{1, ""}, {17, ""}, {500, ""}, {parallelSortRows + 321, ""},
+		{17, "tenant-0042/user-000000"}, {500, "\x00\x00"}, {parallelSortRows + 321, "sensor/eu-west-1/"},
+	} {
+		n := c.n
 		rows := make([]rowbatch.Row, n)
 		for i := range rows {
-			key := alphabet[rng.IntN(len(alphabet))] + alphabet[rng.IntN(len(alphabet))]
+			key := c.shared + alphabet[rng.IntN(len(alphabet))] + alphabet[rng.IntN(len(alphabet))]
 			if rng.IntN(3) == 0 {
 				key += fmt.Sprint(rng.IntN(50))
 			}
@@ -303,7 +312,32 @@ func TestSortedOrderMatchesAFullComparison(t *testing.T) {
 			ra, rb := rows[a], rows[b]
 			return cmp.Or(strings.Compare(ra.StepID, rb.StepID), strings.Compare(ra.Key, rb.Key), cmp.Compare(ra.Epoch, rb.Epoch))
 		})
-		require.Equal(t, want, sortedOrder(rows), "n=%d", n)
+		require.Equal(t, want, sortedOrder(rows), "n=%d shared=%q", n, c.shared)
+	}
+}
+
+func TestSharedPrefix(t *testing.T) {
+	keys := func(ks ...string) []rowbatch.Row {
+		rows := make([]rowbatch.Row, len(ks))
+		for i, k := range ks {
+			rows[i] = rowbatch.Row{StepID: "s", Key: k}
+		}
+		return rows
+	}
+	cases := []struct {
+		rows []rowbatch.Row
+		want int
+	}{
+		{nil, 0},
+		{keys("abc"), 3},
+		{keys("user-1", "user-2", "user-10"), 5},
+		{keys("user-1", "user-1"), 6},
+		{keys("user-1", ""), 0},
+		{keys("ab", "abc", "abd"), 2},
+		{keys("xa", "ya"), 0},
+	}
+	for _, c := range cases {
+		assert.Equal(t, c.want, sharedPrefix(c.rows), "%v", c.rows)
 	}
 }
 
