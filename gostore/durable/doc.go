@@ -72,8 +72,8 @@
 //     leader promotes an epoch whole on every worker of every process to
 //     compacted state, as a run of its own does. A whole batch keeps its
 //     deletions (they are cut before the leader knows; compacted state
-//     skips them), and no segment copy is staged for the local store,
-//     which writes the new generation's rows itself.
+//     skips them), and the local store that adopts its segment's copy as
+//     a generation drops them (the segment counts them).
 //   - Compaction and heal: the leader alone decides. It sends `compact`
 //     (epoch, heal, variant, round) and compacts its own workers; each
 //     follower compacts its workers at that committed epoch (it has the
