@@ -265,7 +265,7 @@ func (r *Run) compactWorker(ctx context.Context, w int, s *localstore.Store, dir
 	if err := f.Seal(); err != nil {
 		return ObjectRef{}, err
 	}
-	e, err := encodeFile(path, nil)
+	e, err := encodeFileAt(path, compactedLevel)
 	if err != nil {
 		return ObjectRef{}, fmt.Errorf("compacted object of worker %d at epoch %d: %w", w, c, err)
 	}

@@ -24,18 +24,24 @@ import (
 // EncodingZstd marks an object stored as one zstd stream of its file.
 const EncodingZstd = "zstd"
 
-// encoderLevel is the zstd level objects are written at: the fastest
-// (zstd level 1). A whole-state epoch compresses every key every epoch, and
-// at the default level (3) that was 30% of a word count's background CPU;
-// on 100k-row segments of small states the fastest level takes about half
-// the time (370-460 ns a row against 670-930) and stores 1-2% more bytes
-// (go test -run XXX -bench Encode ./gostore/durable/).
-const encoderLevel = zstd.SpeedFastest
+// The zstd levels objects are written at. A segment is compressed at the
+// fastest level (zstd's 1): a whole-state epoch compresses every key every
+// epoch, and at the default level (3) that was 30% of a word count's
+// background CPU; on 100k-row segments of small states the fastest level
+// takes about half the time (370-460 ns a row against 670-930) and
+// stores 1-2% more bytes (go test -run XXX -bench Encode
+// ./gostore/durable/). A compacted object, made far less often and what
+// the backup mostly holds, keeps the default level: 3-4% fewer bytes of
+// durable state for small states.
+const (
+	segmentLevel   = zstd.SpeedFastest
+	compactedLevel = zstd.SpeedDefault
+)
 
-// newEncoder makes a zstd encoder for object files, to be Reset onto each
-// output. One goroutine uses it at a time.
-func newEncoder() (*zstd.Encoder, error) {
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(encoderLevel), zstd.WithEncoderConcurrency(1))
+// newEncoder makes a zstd encoder at level for object files, to be Reset
+// onto each output. One goroutine uses it at a time.
+func newEncoder(level zstd.EncoderLevel) (*zstd.Encoder, error) {
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(level), zstd.WithEncoderConcurrency(1))
 	if err != nil {
 		return nil, fmt.Errorf("zstd encoder: %w", err)
 	}
@@ -51,17 +57,21 @@ type encoded struct {
 	Raw    int64
 }
 
-// encodeFile compresses src into src+".zst" with enc (nil: a new encoder
-// for this call), streaming, and returns the compressed file's size and
-// sha256 and src's size. The caller removes both files.
-func encodeFile(src string, enc *zstd.Encoder) (encoded, error) {
-	if enc == nil {
-		var err error
-		if enc, err = newEncoder(); err != nil {
-			return encoded{}, err
-		}
-		defer enc.Close()
+// encodeFileAt compresses src as encodeFile does, with an encoder at
+// level made for this call (a compaction's, made now and then).
+func encodeFileAt(src string, level zstd.EncoderLevel) (encoded, error) {
+	enc, err := newEncoder(level)
+	if err != nil {
+		return encoded{}, err
 	}
+	defer enc.Close()
+	return encodeFile(src, enc)
+}
+
+// encodeFile compresses src into src+".zst" with enc, streaming, and
+// returns the compressed file's size and sha256 and src's size. The caller
+// removes both files.
+func encodeFile(src string, enc *zstd.Encoder) (encoded, error) {
 	in, err := os.Open(src)
 	if err != nil {
 		return encoded{}, fmt.Errorf("compress %s: %w", src, err)

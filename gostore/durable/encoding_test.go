@@ -37,22 +37,25 @@ func contents() map[string][]byte {
 }
 
 // An object file compresses and decompresses to the same bytes, with one
-// encoder reused for every file (as an upload goroutine does) or a new one
-// per file (as a compaction does); the returned size and sha256 are those
-// of the compressed file.
+// encoder reused for every file (as an upload goroutine does, at the
+// segments' level) or a new one per file (as a compaction does, at the
+// compacted objects' level); the returned size and sha256 are those of
+// the compressed file.
 func TestEncodeRoundTrip(t *testing.T) {
-	shared, err := newEncoder()
+	shared, err := newEncoder(segmentLevel)
 	require.NoError(t, err)
 	defer shared.Close()
 	for name, data := range contents() {
 		for _, reuse := range []bool{false, true} {
 			t.Run(name, func(t *testing.T) {
 				src := fileOf(t, data)
-				enc := shared
-				if !reuse {
-					enc = nil
+				var e encoded
+				var err error
+				if reuse {
+					e, err = encodeFile(src, shared)
+				} else {
+					e, err = encodeFileAt(src, compactedLevel)
 				}
-				e, err := encodeFile(src, enc)
 				require.NoError(t, err)
 				assert.Equal(t, src+".zst", e.Path)
 				assert.Equal(t, int64(len(data)), e.Raw)
@@ -137,7 +140,7 @@ func TestFetchObject(t *testing.T) {
 
 func compressed(data []byte) func(t *testing.T) (string, ObjectRef) {
 	return func(t *testing.T) (string, ObjectRef) {
-		e, err := encodeFile(fileOf(t, data), nil)
+		e, err := encodeFileAt(fileOf(t, data), segmentLevel)
 		require.NoError(t, err)
 		return e.Path, ObjectRef{Size: e.Size, SHA256: e.SHA256, Encoding: EncodingZstd}
 	}

@@ -13,9 +13,9 @@ import (
 func CompactAt(ctx context.Context, r *Run, c int64) error { return r.compact(ctx, c) }
 
 // StoredSize is the size of the file at path as the durable store keeps
-// an object: compressed, for tests.
+// a compacted object: compressed, for tests.
 func StoredSize(path string) (int64, error) {
-	e, err := encodeFile(path, nil)
+	e, err := encodeFileAt(path, compactedLevel)
 	if err != nil {
 		return 0, err
 	}

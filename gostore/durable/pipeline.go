@@ -154,7 +154,7 @@ func (r *Run) runPipe(w int, p *pipe, cut *segment.Cutter) {
 // upload goroutine holds one zstd encoder, reset for every segment.
 func (r *Run) runUploads() {
 	defer r.uploadWG.Done()
-	enc, err := newEncoder()
+	enc, err := newEncoder(segmentLevel)
 	if err != nil {
 		r.fail(err)
 	} else {
