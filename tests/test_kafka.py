@@ -24,12 +24,14 @@ processes, never forks; each child is killed if it outlives its bound.
 from __future__ import annotations
 
 import collections
+import marshal
 import os
 import random
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -419,9 +421,6 @@ def test_epochs_a_resume_republishes_stay_in_snapshots_until_kafka_has_them(kafk
     under load). Here the job is held, epoch 5 closes, the process "dies";
     the next run must publish epochs 4 and 5 exactly once, and the held
     job of the dead run, let go afterwards, must publish nothing again."""
-    import marshal
-    import threading
-
     from millpond.connectors.kafka import KafkaSink, KafkaSinkMessage
     from millpond.connectors.kafka import sink as ksink
 

@@ -52,7 +52,7 @@ func Decode(buf []byte, epoch int64) ([]Row, error) {
 		return nil, fmt.Errorf("%w: missing %q header", ErrMalformed, Magic)
 	}
 	d.pos = len(Magic)
-	count, err := d.uvarint("row count")
+	count, err := d.uvarint("row count", "")
 	if err != nil {
 		return nil, err
 	}
@@ -77,7 +77,7 @@ func Decode(buf []byte, epoch int64) ([]Row, error) {
 			return nil, err
 		}
 		r.StepID, r.Key = aliasString(step), aliasString(key)
-		tag, err := d.uvarint("value tag")
+		tag, err := d.uvarint("value tag", "")
 		if err != nil {
 			return nil, err
 		}
@@ -102,10 +102,12 @@ type decoder struct {
 	pos int
 }
 
-func (d *decoder) uvarint(what string) (uint64, error) {
+// uvarint reads a varint, named what+suffix in an error (two parts, so
+// that a caller never builds the name for the many reads that succeed).
+func (d *decoder) uvarint(what, suffix string) (uint64, error) {
 	v, n := binary.Uvarint(d.buf[d.pos:])
 	if n <= 0 {
-		return 0, fmt.Errorf("%w: bad %s varint at byte %d", ErrMalformed, what, d.pos)
+		return 0, fmt.Errorf("%w: bad %s%s varint at byte %d", ErrMalformed, what, suffix, d.pos)
 	}
 	d.pos += n
 	return v, nil
@@ -121,14 +123,10 @@ func (d *decoder) take(n uint64, what string, row int) ([]byte, error) {
 }
 
 func (d *decoder) bytes(what string, row int) ([]byte, error) {
-	// The length's varint is read here rather than by uvarint, whose
-	// label would be a string built for every row (two allocations a row
-	// on the flow's thread) to name it in an error that almost never is.
-	n, k := binary.Uvarint(d.buf[d.pos:])
-	if k <= 0 {
-		return nil, fmt.Errorf("%w: bad %s length varint at byte %d", ErrMalformed, what, d.pos)
+	n, err := d.uvarint(what, " length")
+	if err != nil {
+		return nil, err
 	}
-	d.pos += k
 	return d.take(n, what, row)
 }
 
