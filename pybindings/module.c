@@ -98,15 +98,21 @@ static PyMethodDef methods[] = {
      "store_close(handle) -> None\n\nClose a store handle (a store a run owns stays open). Closing twice is fine."},
     {"store_snapshot", py_store_snapshot, METH_VARARGS,
      "store_snapshot(handle, epoch, dirty, live, dumps, protocol, whole, packed=None, topped_up=False, budget=0,\n"
-     "               held=0, deleted=None) -> (rows, pack_seconds, write_seconds, reused, held)\n\n"
-     "Pack every touched key (dirty: {step: {key: None}}; live: {step: {key: obj}}) into one buffer, calling\n"
+     "               held=0, deleted=None, marked=False) -> (rows, pack_seconds, write_seconds, reused, held, ahead)\n\n"
+     "Pack every touched key (dirty: {step: {key: mark}}; live: {step: {key: obj}}) into one buffer, calling\n"
      "obj.snapshot() and dumps(state, protocol), and hand it to the core, which writes it at epoch (through the\n"
      "run that owns the store, if any). A touched key that is not live is a deletion. With deleted ({step: set}),\n"
      "the batch is every live key of each step of dirty, in live order, then a deletion for each key of\n"
      "deleted[step]. On any error in packing, nothing is written and the error propagates. With packed\n"
      "({step: {key: bytes}}), each key packed has its pickle kept there while the kept bytes (counted with 64\n"
      "bytes of overhead each, held so far) stay within budget, and with topped_up a live key dirty does not hold\n"
-     "is written from its kept pickle if it has one (reused counts them)."},
+     "is written from its kept pickle if it has one (reused counts them). With marked, a touched key whose mark is\n"
+     "a pickle (pack_ahead made it) is written from it (ahead counts them; reused too) and kept as above."},
+    {"pack_ahead", (PyCFunction)(void (*)(void))py_pack_ahead, METH_FASTCALL,
+     "pack_ahead(marks, acct, dumps, protocol, key, obj) -> bool\n\n"
+     "Pack key's state now and make the pickle key's mark in marks (a step's touched keys), which the next\n"
+     "store_snapshot writes as it is unless the key is touched again; acct is [held, budget, packs], updated.\n"
+     "False when the budget has no room or the state fails to pack (left for store_snapshot, which names it)."},
     {"store_get", py_store_get, METH_VARARGS,
      "store_get(handle, step_id, key) -> None | (epoch, bytes | None)\n\nThe newest row of a key (None for a deletion)."},
     {"store_hydrate_keys", py_store_hydrate_keys, METH_VARARGS,

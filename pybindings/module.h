@@ -81,11 +81,13 @@ Py_ssize_t mp_slot_offset(PyTypeObject *type, const char *name);
 // what they packed to last) copies bytes instead of packing every object
 // again.
 typedef struct {
-    PyObject *packed;   // {step: {key: bytes}}: the last pickle of keys not touched since
+    PyObject *packed;   // {step: {key: bytes}}: the last pickle of keys not touched since, or NULL
     int topped_up;      // the batch is whole and dirty holds only what the epoch touched
+    int marked;         // some marks in dirty may be pickles packed ahead (pack_ahead)
     Py_ssize_t budget;  // bytes packed may hold (pickles and their overhead)
     Py_ssize_t held;    // in and out: bytes it holds
     Py_ssize_t reused;  // out: rows copied from it
+    Py_ssize_t ahead;   // out: of those, rows packed ahead (pack_ahead)
 } mp_carry;
 // Packs a store's touched keys into one malloc'd rowbatch buffer
 // (snapshot.c); NULL with an exception set on failure.
@@ -106,6 +108,7 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObj
 // The module's functions, one per file of the Go side (store, scan, backup,
 // run, cluster, log); module.c lists them in its one method table.
 #define MP_METHOD(name) PyObject *py_##name(PyObject *self, PyObject *args)
+PyObject *py_pack_ahead(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 MP_METHOD(store_open);
 MP_METHOD(store_close);
 MP_METHOD(store_snapshot);

@@ -50,7 +50,7 @@ static int keep_over(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *o
     if (pickled != NULL && carry->held - was + now <= carry->budget) {
         if (PyDict_SetItem(kept, key, pickled) < 0) return -1;
         carry->held += now - was;
-        return 0;
+        return 1;
     }
     if (old == NULL) return 0;
     carry->held -= was;
@@ -58,9 +58,9 @@ static int keep_over(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *o
 }
 
 // Keeps pickled (NULL: nothing) as key's last pickle in kept (a step's
-// dict of them) while carry's budget allows; otherwise forgets the one it
-// kept, which no longer is the key's state. -1 with an exception set on
-// error.
+// dict of them) while carry's budget allows (1); otherwise forgets the one
+// it kept, which no longer is the key's state (0). -1 with an exception set
+// on error.
 static int keep(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *pickled) {
     PyObject *old = PyDict_GetItemWithError(kept, key);
     if (old == NULL && PyErr_Occurred()) return -1;
@@ -72,15 +72,15 @@ static int keep(mp_carry *carry, PyObject *kept, PyObject *key, PyObject *pickle
 // for it has that length and nothing but kept holds it, the new pickle is
 // copied into it, with no allocation and no change to the dict (that a
 // bytes object never changes is a promise to whoever holds it; kept's are
-// held by kept alone, private to the store, and never hashed). -1 with an
-// exception set on error.
+// held by kept alone, private to the store, and never hashed). As keep:
+// 1 kept, 0 not, -1 with an exception set on error.
 static int keep_scratch(mp_carry *carry, PyObject *kept, PyObject *key, const mp_buf *scratch) {
     PyObject *old = PyDict_GetItemWithError(kept, key);
     if (old == NULL && PyErr_Occurred()) return -1;
     if (old != NULL && PyBytes_CheckExact(old) && Py_REFCNT(old) == 1 &&
         PyBytes_GET_SIZE(old) == (Py_ssize_t)scratch->len) {
         memcpy(PyBytes_AS_STRING(old), scratch->p, scratch->len);
-        return 0;
+        return 1;
     }
     PyObject *pickled = PyBytes_FromStringAndSize(scratch->p, (Py_ssize_t)scratch->len);
     if (pickled == NULL) return -1;
@@ -104,7 +104,7 @@ static PyObject *kept_of(mp_carry *carry, PyObject *step) {
 static int put_deletion(mp_buf *b, mp_carry *carry, PyObject *kept, PyObject *key) {
     if (mp_buf_grow(b, 1) < 0) return -1;
     put_varint(b, 0);
-    return kept != NULL ? keep(carry, kept, key, NULL) : 0;
+    return kept != NULL && keep(carry, kept, key, NULL) < 0 ? -1 : 0;
 }
 
 // Keys are packed a chunk at a time, with the memory their .snapshot()
@@ -122,9 +122,12 @@ static int put_deletion(mp_buf *b, mp_carry *carry, PyObject *kept, PyObject *ke
 enum { PREFETCH_CHUNK = 16, PREFETCH_LEVELS = 2, PREFETCH_BUDGET = 64 };
 
 typedef struct {
-    // copies: for a key a topped-up batch copies (the epoch did not touch
-    // it), its kept pickle; NULL for a key that is packed.
+    // copies: for a key whose state is already pickled (packed ahead, or
+    // not touched by the epoch of a topped-up batch), that pickle; NULL
+    // for a key that is packed. fresh: the pickle was packed ahead (it is
+    // to be kept).
     PyObject *keys[PREFETCH_CHUNK], *objs[PREFETCH_CHUNK], *copies[PREFETCH_CHUNK];
+    char fresh[PREFETCH_CHUNK];
     int n;
 } chunk;
 
@@ -136,14 +139,16 @@ typedef struct {
 static int prefetch_visit(PyObject *o, void *arg) {
     prefetch_walk *w = arg;
     if (*w->left <= 0) return 1;  // stops the traversal
-    // An instance of a class refers to its class: shared by every key, in
-    // the cache already, and behind it only the class's own attributes.
-    if (PyType_Check(o)) return 0;
     if (w->depth == 0) {
+        // Not a read of o: asking whether o is a class would wait for the
+        // very memory this requests (a class is in the cache anyway).
         __builtin_prefetch(o);
         (*w->left)--;
         return 0;
     }
+    // An instance of a class refers to its class: shared by every key, in
+    // the cache already, and behind it only the class's own attributes.
+    if (PyType_Check(o)) return 0;
     traverseproc traverse = Py_TYPE(o)->tp_traverse;
     prefetch_walk inner = {w->left, w->depth - 1};
     if (traverse != NULL) (void)traverse(o, prefetch_visit, &inner);
@@ -176,13 +181,16 @@ static void release_chunk(chunk *c) {
 // Fills c with the next keys of walked and their objects (from_live: the
 // dict's values; else looked up in objs, NULL for a key that is not live),
 // requesting each object's memory, and that of the key's kept pickle in
-// kept (if not NULL), which packing the key replaces or copies. With
-// touched (a topped-up batch: the keys the epoch touched), a key it does
-// not hold that has a kept pickle is copied from it: the pickle is its
-// entry in copies and its objects are not requested. 0 at the end of
-// walked, 1 if there may be more, -1 with an exception set.
+// kept (if not NULL), which packing the key replaces or copies. A key
+// whose mark in marks (the step's touched keys; walked itself unless
+// from_live, else looked up when look_marks) is a bytes object was packed
+// ahead (pack_ahead) and not touched since: that pickle is copied (and
+// *ahead counts it). When the batch is topped_up, a key marks does not
+// hold (the epoch did not touch it) with a kept pickle is copied from
+// that. A copied key's objects are not requested. 0 at the end of walked,
+// 1 if there may be more, -1 with an exception set.
 static int fill_chunk(chunk *c, PyObject *walked, Py_ssize_t *pos, int from_live, PyObject *objs, PyObject *kept,
-                      PyObject *touched) {
+                      PyObject *marks, int look_marks, int topped_up, Py_ssize_t *ahead) {
     PyObject *key, *value;
     c->n = 0;
     while (c->n < PREFETCH_CHUNK) {
@@ -191,19 +199,26 @@ static int fill_chunk(chunk *c, PyObject *walked, Py_ssize_t *pos, int from_live
         if (obj == NULL && PyErr_Occurred()) return -1;
         PyObject *last = kept ? PyDict_GetItemWithError(kept, key) : NULL;
         if (last == NULL && PyErr_Occurred()) return -1;
-        int copy = 0;
-        if (last != NULL && obj != NULL && touched != NULL) {
-            int in = PyDict_Contains(touched, key);
-            if (in < 0) return -1;
-            copy = !in;
+        PyObject *mark = from_live ? NULL : value, *copy = NULL;
+        if (from_live && look_marks && obj != NULL) {
+            mark = PyDict_GetItemWithError(marks, key);
+            if (mark == NULL && PyErr_Occurred()) return -1;
+        }
+        int fresh = obj != NULL && mark != NULL && PyBytes_CheckExact(mark);
+        if (fresh) {
+            copy = mark;
+            (*ahead)++;
+        } else if (obj != NULL && last != NULL && mark == NULL && topped_up) {
+            copy = last;
         }
         if (last != NULL) __builtin_prefetch(last);
-        if (obj != NULL && !copy) __builtin_prefetch(obj);
+        if (obj != NULL && copy == NULL) __builtin_prefetch(obj);
         Py_INCREF(key);
         Py_XINCREF(obj);
         c->keys[c->n] = key;
         c->objs[c->n] = obj;
-        c->copies[c->n] = copy ? Py_NewRef(last) : NULL;
+        c->copies[c->n] = Py_XNewRef(copy);
+        c->fresh[c->n] = (char)fresh;
         c->n++;
     }
     return 1;
@@ -230,11 +245,40 @@ typedef struct {
     PyObject *protocol, *dumps, *snapshot_name;
 } step_ctx;
 
+// Pickles obj's state: mp_window_snapshot (window.c) for a windowing
+// key's, mp_slot_state (slotstate.c) for stateful_map's, else its
+// .snapshot(), pickled by mp_fast_pickle into c->scratch (0) or, for a
+// state it leaves alone, by dumps into *pickled (1, a new reference). -1
+// with an exception set.
+static int pickle_state(step_ctx *c, PyObject *obj, PyObject **pickled) {
+    PyObject *state = mp_window_snapshot(obj);
+    if (state == NULL && !PyErr_Occurred()) state = mp_slot_state(obj);
+    if (state == NULL && !PyErr_Occurred()) state = PyObject_CallMethodNoArgs(obj, c->snapshot_name);
+    int rc = state && c->misses < GIVE_UP_AFTER ? mp_fast_pickle(state, c->proto, c->scratch) : 1;
+    if (rc <= 0) {
+        Py_DECREF(state);
+        if (rc < 0) return -1;
+        c->misses = 0;
+        return 0;
+    }
+    c->misses++;
+    PyObject *argv[2] = {state, c->protocol};
+    PyObject *out = state ? PyObject_Vectorcall(c->dumps, argv, 2, NULL) : NULL;
+    Py_XDECREF(state);
+    if (out == NULL || !PyBytes_Check(out)) {
+        if (out != NULL) PyErr_SetString(PyExc_TypeError, "pack_snapshot: dumps must return bytes");
+        Py_XDECREF(out);
+        return -1;
+    }
+    *pickled = out;
+    return 1;
+}
+
 // Appends key's row: a deletion when obj is NULL, a copy of copy when
-// that is not NULL (the key's kept pickle: a key the epoch did not touch
-// still packs to what it packed to last time), else obj.snapshot()
-// pickled. -1 with an exception set.
-static int pack_key(step_ctx *c, PyObject *key, PyObject *obj, PyObject *copy) {
+// that is not NULL (a pickle of the key's state: kept, from a key not
+// touched since it was last packed, or fresh, packed ahead, which is kept
+// from now on), else obj's state pickled. -1 with an exception set.
+static int pack_key(step_ctx *c, PyObject *key, PyObject *obj, PyObject *copy, int fresh) {
     Py_ssize_t kl;
     const char *k = PyUnicode_AsUTF8AndSize(key, &kl);
     if (k == NULL || put_bytes(c->b, c->step, (size_t)c->step_len) < 0 || put_bytes(c->b, k, (size_t)kl) < 0) return -1;
@@ -242,39 +286,28 @@ static int pack_key(step_ctx *c, PyObject *key, PyObject *obj, PyObject *copy) {
     if (copy != NULL) {
         if (put_value(c->b, PyBytes_AS_STRING(copy), (size_t)PyBytes_GET_SIZE(copy)) < 0) return -1;
         c->carry->reused++;
-        return 0;
+        return fresh && c->kept != NULL && keep(c->carry, c->kept, key, copy) < 0 ? -1 : 0;
     }
-    // A windowing key's state is read in C when all its parts are
-    // windowing's own (window.c), stateful_map's from its slot
-    // (slotstate.c); anything else is asked for its snapshot.
-    PyObject *state = mp_window_snapshot(obj);
-    if (state == NULL && !PyErr_Occurred()) state = mp_slot_state(obj);
-    if (state == NULL && !PyErr_Occurred()) state = PyObject_CallMethodNoArgs(obj, c->snapshot_name);
-    int rc = state && c->misses < GIVE_UP_AFTER ? mp_fast_pickle(state, c->proto, c->scratch) : 1;
-    if (rc <= 0) {
-        Py_DECREF(state);
-        if (rc < 0 || put_value(c->b, c->scratch->p, c->scratch->len) < 0) return -1;
-        if (c->kept != NULL && keep_scratch(c->carry, c->kept, key, c->scratch) < 0) return -1;
+    PyObject *pickled = NULL;
+    int rc = pickle_state(c, obj, &pickled);
+    if (rc == 0) {
+        rc = put_value(c->b, c->scratch->p, c->scratch->len) < 0 ||
+                     (c->kept != NULL && keep_scratch(c->carry, c->kept, key, c->scratch) < 0)
+                 ? -1
+                 : 0;
         c->scratch->len = 0;
-        c->misses = 0;
-        return 0;
+        return rc;
     }
-    c->misses++;
-    PyObject *argv[2] = {state, c->protocol};
-    PyObject *pickled = state ? PyObject_Vectorcall(c->dumps, argv, 2, NULL) : NULL;
-    Py_XDECREF(state);
-    if (pickled == NULL || !PyBytes_Check(pickled)) {
-        if (pickled != NULL) PyErr_SetString(PyExc_TypeError, "pack_snapshot: dumps must return bytes");
-        Py_XDECREF(pickled);
-        return -1;
-    }
-    rc = put_value(c->b, PyBytes_AS_STRING(pickled), (size_t)PyBytes_GET_SIZE(pickled));
-    if (rc == 0 && c->kept != NULL) rc = keep(c->carry, c->kept, key, pickled);
+    if (rc < 0) return -1;
+    rc = put_value(c->b, PyBytes_AS_STRING(pickled), (size_t)PyBytes_GET_SIZE(pickled)) < 0 ||
+                 (c->kept != NULL && keep(c->carry, c->kept, key, pickled) < 0)
+             ? -1
+             : 0;
     Py_DECREF(pickled);
     return rc;
 }
 
-// mp_pack_snapshot(dirty: dict[str, dict[str, None]], live: dict[str,
+// mp_pack_snapshot(dirty: dict[str, dict[str, mark]], live: dict[str,
 // dict[str, obj]], deleted, dumps, protocol) packs every touched key (a
 // deletion for a touched key that is not live) and returns the buffer and
 // its length. With deleted ({step: set of keys}, else NULL) the batch is
@@ -282,7 +315,9 @@ static int pack_key(step_ctx *c, PyObject *key, PyObject *obj, PyObject *copy) {
 // live dict's order, each object taken as the dict is walked (no lookup),
 // then a deletion for each key in deleted[step]. Any error propagates as
 // is (NULL); the caller redoes the work in Python to name the step and
-// key. With carry (else NULL), each key packed is kept there, and when
+// key. A key whose mark is a pickle (carry->marked says some may be;
+// pack_ahead made them) is written from it. With carry->packed (else
+// NULL), each key packed or written from its mark is kept there, and when
 // carry->topped_up a live key that dirty does not hold (the epoch did not
 // touch it) is copied from there if it is kept.
 char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObject *dumps, PyObject *protocol,
@@ -336,24 +371,26 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObj
         PyObject *walked = from_live ? objs : keys;
         Py_ssize_t kpos = 0, touched = PyDict_GET_SIZE(walked);
         PyObject *kept = NULL;
-        if (carry != NULL && (kept = kept_of(carry, step)) == NULL) goto fail;
+        if (carry->packed != NULL && (kept = kept_of(carry, step)) == NULL) goto fail;
         // A topped-up batch copies the keys the epoch did not touch.
-        PyObject *copying = from_live && carry != NULL && carry->topped_up ? keys : NULL;
+        int topped_up = from_live && kept != NULL && carry->topped_up;
+        int look_marks = topped_up || carry->marked;
+        Py_ssize_t *ahead = &carry->ahead;
         step_ctx c = {&b, &scratch, s, sl, carry, kept, 0, (int)proto, protocol, dumps, snapshot_name};
         enum { RING = PREFETCH_LEVELS + 1 };
         chunk ring[RING] = {{{0}}};
         int more = 1, rc = 0;
         for (int i = 0; i < RING - 1 && more > 0; i++) {
-            more = fill_chunk(&ring[i], walked, &kpos, from_live, objs, kept, copying);
+            more = fill_chunk(&ring[i], walked, &kpos, from_live, objs, kept, keys, look_marks, topped_up, ahead);
         }
         for (int t = 0; rc == 0 && more >= 0; t++) {
             chunk *now = &ring[t % RING];
             if (now->n == 0) break;
-            chunk *ahead = &ring[(t + RING - 1) % RING];
-            if (more > 0) more = fill_chunk(ahead, walked, &kpos, from_live, objs, kept, copying);
+            chunk *next = &ring[(t + RING - 1) % RING];
+            if (more > 0) more = fill_chunk(next, walked, &kpos, from_live, objs, kept, keys, look_marks, topped_up, ahead);
             for (int d = 0; d < PREFETCH_LEVELS; d++) prefetch_chunk(&ring[(t + PREFETCH_LEVELS - 1 - d) % RING], d);
             for (int i = 0; i < now->n && rc == 0; i++) {
-                rc = store_unchanged(walked, touched) ? pack_key(&c, now->keys[i], now->objs[i], now->copies[i]) : -1;
+                rc = store_unchanged(walked, touched) ? pack_key(&c, now->keys[i], now->objs[i], now->copies[i], now->fresh[i]) : -1;
             }
             release_chunk(now);
         }
@@ -392,4 +429,69 @@ fail:
     free(scratch.p);
     free(b.p);
     return NULL;
+}
+
+// pack_ahead(marks, acct, dumps, protocol, key, obj) -> bool: packs key's
+// state now, right after its activation changed it, while its objects are
+// in the cache: the same key packed at the end of the epoch, among all the
+// others, costs several times more (docs/recovery.md). The pickle becomes
+// key's mark in marks (the step's touched keys, whose entry for key the
+// activation has just written), so the epoch's snapshot copies it, unless
+// the key is touched again first (its mark is None again). acct is
+// [bytes the marks hold, their budget, keys packed]: a pickle the budget
+// has no room for is not made a mark (False). Nor is one whose state fails
+// to snapshot or pickle: the snapshot packs it, and names the step and key.
+PyObject *py_pack_ahead(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "pack_ahead takes 6 arguments");
+        return NULL;
+    }
+    PyObject *marks = args[0], *acct = args[1], *dumps = args[2], *protocol = args[3], *key = args[4],
+             *obj = args[5];
+    if (!PyDict_CheckExact(marks) || !PyList_CheckExact(acct) || PyList_GET_SIZE(acct) != 3 ||
+        !PyUnicode_CheckExact(key)) {
+        PyErr_SetString(PyExc_TypeError, "pack_ahead(marks: dict, acct: [int, int, int], dumps, protocol, key: str, obj)");
+        return NULL;
+    }
+    static PyObject *snapshot_name;
+    if (snapshot_name == NULL && (snapshot_name = PyUnicode_InternFromString("snapshot")) == NULL) return NULL;
+    Py_ssize_t held = PyLong_AsSsize_t(PyList_GET_ITEM(acct, 0));
+    Py_ssize_t budget = PyLong_AsSsize_t(PyList_GET_ITEM(acct, 1));
+    Py_ssize_t packs = PyLong_AsSsize_t(PyList_GET_ITEM(acct, 2));
+    if (PyErr_Occurred()) return NULL;
+    if (held >= budget) Py_RETURN_FALSE;
+    long proto = PyLong_Check(protocol) ? PyLong_AsLong(protocol) : -1;
+    if (proto == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (proto > 255) proto = -1;
+    mp_buf scratch = {0};
+    step_ctx c = {.scratch = &scratch, .proto = (int)proto, .protocol = protocol, .dumps = dumps,
+                  .snapshot_name = snapshot_name};
+    PyObject *pickled = NULL;
+    int rc = pickle_state(&c, obj, &pickled);
+    if (rc == 0) pickled = PyBytes_FromStringAndSize(scratch.p, (Py_ssize_t)scratch.len);
+    free(scratch.p);
+    if (rc < 0 || pickled == NULL) {
+        // Only an Exception is left to the snapshot: anything else
+        // (KeyboardInterrupt, SystemExit) goes on up.
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(pickled) + KEPT_OVERHEAD;
+    if (held + size > budget) {
+        Py_DECREF(pickled);
+        Py_RETURN_FALSE;
+    }
+    rc = PyDict_SetItem(marks, key, pickled);
+    Py_DECREF(pickled);
+    if (rc < 0) return NULL;
+    PyObject *h = PyLong_FromSsize_t(held + size), *n = PyLong_FromSsize_t(packs + 1);
+    if (h == NULL || n == NULL) {
+        Py_XDECREF(h);
+        Py_XDECREF(n);
+        return NULL;
+    }
+    if (PyList_SetItem(acct, 0, h) < 0 || PyList_SetItem(acct, 2, n) < 0) return NULL;  // (stolen either way)
+    Py_RETURN_TRUE;
 }

@@ -34,24 +34,25 @@ MP_METHOD(store_snapshot) {
     PyObject *dirty, *live, *dumps, *protocol, *packed = Py_None, *deleted = Py_None;
     int whole = 0;
     mp_carry carry = {0};
-    if (!PyArg_ParseTuple(args, "KLO!O!OOp|OpnnO", &h, &epoch, &PyDict_Type, &dirty, &PyDict_Type, &live, &dumps,
-                          &protocol, &whole, &packed, &carry.topped_up, &carry.budget, &carry.held, &deleted))
+    if (!PyArg_ParseTuple(args, "KLO!O!OOp|OpnnOp", &h, &epoch, &PyDict_Type, &dirty, &PyDict_Type, &live, &dumps,
+                          &protocol, &whole, &packed, &carry.topped_up, &carry.budget, &carry.held, &deleted,
+                          &carry.marked))
         return NULL;
     if ((packed != Py_None && !PyDict_CheckExact(packed)) || (deleted != Py_None && !PyDict_Check(deleted))) {
         PyErr_SetString(PyExc_TypeError, "store_snapshot: packed and deleted must be dicts or None");
         return NULL;
     }
-    carry.packed = packed;
+    carry.packed = packed == Py_None ? NULL : packed;
     double t0 = now_seconds();
     size_t len = 0;
     char *buf = mp_pack_snapshot(dirty, live, deleted == Py_None ? NULL : deleted, dumps, protocol,
-                                 packed == Py_None ? NULL : &carry, &len);
+                                 &carry, &len);
     if (buf == NULL) return NULL;
     double t1 = now_seconds();
     long long written = 0;
     CALL_GO(mp_store_write(h, epoch, whole, buf, len, &written, &kind, &msg));
     double t2 = now_seconds();
-    return Py_BuildValue("(Lddnn)", written, t1 - t0, t2 - t1, carry.reused, carry.held);
+    return Py_BuildValue("(Lddnnn)", written, t1 - t0, t2 - t1, carry.reused, carry.held, carry.ahead);
 }
 
 MP_METHOD(store_get) {

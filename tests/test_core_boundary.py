@@ -8,7 +8,7 @@ import ast
 import inspect
 import pickle
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, List
 
 import pytest
 
@@ -96,11 +96,47 @@ def test_a_snapshot_is_one_call_that_packs_and_writes(tmp_path):
         h = store._require_handle()
         dirty = {"s": {"a": None, "b": None, "gone": None}}
         live = {"s": {"a": _Obj(1), "b": _Obj({"x": [1, 2]})}}
-        rows, pack_s, write_s, reused, held = _core.store_snapshot(h, 1, dirty, live, pickle.dumps, 5, False)
-        assert rows == 3 and pack_s >= 0 and write_s >= 0 and (reused, held) == (0, 0)
+        rows, pack_s, write_s, reused, held, ahead = _core.store_snapshot(h, 1, dirty, live, pickle.dumps, 5, False)
+        assert rows == 3 and pack_s >= 0 and write_s >= 0 and (reused, held, ahead) == (0, 0, 0)
         assert _core.store_get(h, "s", "gone") == (1, None)
         got = _core.store_get(h, "s", "b")
         assert got is not None and got[1] is not None and pickle.loads(got[1]) == {"x": [1, 2]}
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_key_packed_ahead_is_written_from_its_mark(tmp_path, whole):
+    """pack_ahead makes a key's pickle its mark among the touched keys;
+    store_snapshot writes that pickle, not the object's state."""
+    with StateStore.open(tmp_path, "one") as store:
+        h = store._require_handle()
+        a, b = _Obj(1), _Obj(2)
+        marks: Dict[str, Any] = {"a": None, "b": None}
+        acct = [0, 1 << 20, 0]
+        assert _core.pack_ahead(marks, acct, pickle.dumps, 5, "a", a) is True
+        assert isinstance(marks["a"], bytes) and marks["b"] is None
+        assert acct[0] == len(marks["a"]) + 64 and acct[2] == 1
+        a.v = 99  # changed without being touched: its snapshot is the packed one
+        out = _core.store_snapshot(h, 1, {"s": marks}, {"s": {"a": a, "b": b}}, pickle.dumps, 5, whole, {}, False,
+                                   1 << 20, 0, {"s": set()} if whole else None, True)
+        assert out[0] == 2 and out[3] == 1 and out[5] == 1, out
+        got = {k: pickle.loads(_core.store_get(h, "s", k)[1]) for k in "ab"}
+        assert got == {"a": 1, "b": 2}
+
+
+def test_pack_ahead_leaves_a_full_budget_and_a_failing_state_unmarked():
+    marks: Dict[str, Any] = {"a": None}
+    assert _core.pack_ahead(marks, [0, 10, 0], pickle.dumps, 5, "a", _Obj(1)) is False
+    assert marks == {"a": None}
+
+    class Bad:
+        def snapshot(self) -> Any:
+            return lambda: None  # not picklable
+
+    acct = [0, 1 << 20, 0]
+    assert _core.pack_ahead(marks, acct, pickle.dumps, 5, "a", Bad()) is False
+    assert marks == {"a": None} and acct == [0, 1 << 20, 0]
+    with pytest.raises(TypeError, match="pack_ahead"):
+        _core.pack_ahead(marks, acct, pickle.dumps, 5, "a")  # type: ignore[call-arg]
 
 
 def test_a_snapshot_that_cannot_pack_writes_nothing_and_names_the_key(tmp_path):

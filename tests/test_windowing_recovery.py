@@ -27,6 +27,7 @@ import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -35,6 +36,7 @@ from hypothesis import strategies as st
 win = pytest.importorskip("millpond.operators.windowing")
 
 import millpond.operators as op  # noqa: E402
+from millpond import state as state_mod  # noqa: E402
 from millpond.dataflow import Dataflow  # noqa: E402
 from millpond.recovery import RecoveryConfig, SnapshotMode  # noqa: E402
 from millpond.testing import TestingSink, TestingSource, cluster_main  # noqa: E402
@@ -157,15 +159,29 @@ def scenarios(draw: Any) -> dict:
     }
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sc=scenarios())
-def test_aborted_and_resumed_windows_emit_exactly_the_uninterrupted_output(sc: dict) -> None:
+def check_scenario(sc: dict) -> None:
     expected = run_uninterrupted(sc["data"], sc["kind"], sc["wait_s"], sc["batch_size"])
     with tempfile.TemporaryDirectory(prefix="winrec-") as tmp:
         got, per_run = run_with_aborts(Path(tmp), sc["data"], sc["aborts"], sc["workers"], sc["kind"],
                                        sc["wait_s"], sc["batch_size"], sc["mode"])
     assert sorted(got) == sorted(expected), per_run
     assert len(got) == len(expected)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios())
+def test_aborted_and_resumed_windows_emit_exactly_the_uninterrupted_output(sc: dict) -> None:
+    check_scenario(sc)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios())
+def test_windows_packed_ahead_resume_exactly_too(sc: dict) -> None:
+    """The same with every batch-mode store packing each key right after
+    its activation (``StateStore.ahead_packer``; tests/test_pack_ahead.py),
+    as a store does whose keys pack slowly."""
+    with mock.patch.object(state_mod, "_AHEAD_FROM_PACK_SECONDS", 0.0):
+        check_scenario(sc)
 
 
 def test_the_scenario_has_windows_late_items_and_merges() -> None:

@@ -31,6 +31,7 @@ only; the runtime uses it when recovery is off.
 from __future__ import annotations
 
 import copyreg
+import functools
 import gc as _pygc
 import heapq
 import itertools
@@ -71,6 +72,18 @@ _PACK_COST_SAMPLE = 256
 #: enough for a few hundred thousand small states; a larger state keeps what
 #: fits and packs the rest as before.
 KEEP_PICKLES_BYTES = 64 << 20
+
+# A store packs each key ahead, right after its activation (see
+# StateStore.ahead_packer), when its keys cost at least this much a row to
+# pack at the end of an epoch: there, among all the others, a key's objects
+# are no longer in the cache, and a windowing key that packs in about 1 us
+# right after its activation takes 5-8 us (docs/benchmarks.md).
+_AHEAD_FROM_PACK_SECONDS = 2.0e-6
+# Packing ahead stops for _AHEAD_PAUSE epochs when an epoch packed keys
+# ahead more than _AHEAD_REPEATS times for each row the snapshot then copied:
+# keys touched in many activations of an epoch are packed once, at its end.
+_AHEAD_REPEATS = 2.0
+_AHEAD_PAUSE = 8
 
 
 def _reduce_timezone(tz: timezone) -> tuple[Any, ...]:
@@ -173,6 +186,11 @@ class WorkerStore(Protocol):
         (writing changed ones at ``epoch`` first); return how many."""
         ...
 
+    def ahead_packer(self, step_id: str) -> Optional[Callable[[str, Any], bool]]:
+        """What the step's runtime calls with ``(key, obj)`` right after an
+        activation changed ``key``'s state, or ``None``."""
+        ...
+
     @property
     def max_live_keys(self) -> Optional[int]:
         """The bound on live objects, or ``None``."""
@@ -200,8 +218,10 @@ class _LiveState:
         # Touched keys per step, in first-touch order (a dict used as an
         # ordered set): snapshotting in that order follows how the objects
         # were allocated far more often than a set's hash order does, which
-        # halves the time spent waiting on memory for large snapshots.
-        self._dirty: dict[str, dict[str, None]] = {}
+        # halves the time spent waiting on memory for large snapshots. A
+        # key's value (its mark) is None, or its pickle once it was packed
+        # ahead (see StateStore.ahead_packer) and not touched since.
+        self._dirty: dict[str, dict[str, Optional[bytes]]] = {}
         self._deleted: dict[str, set[str]] = {}
         # Steps that may have keys stored but not live; other steps never
         # pay for a lookup on a miss.
@@ -253,6 +273,12 @@ class _LiveState:
     def registered_steps(self) -> list[str]:
         """Return the step ids with a registered builder."""
         return sorted(self._builders)
+
+    def ahead_packer(self, step_id: str) -> Optional[Callable[[str, Any], bool]]:
+        """A function the step's runtime calls with ``(key, obj)`` right
+        after an activation changed ``key``'s state, or ``None`` when this
+        store does not pack ahead (see :meth:`StateStore.ahead_packer`)."""
+        return None
 
     # -- access -------------------------------------------------------------
 
@@ -602,6 +628,19 @@ class StateStore(_LiveState):
         # the key is not touched (see snapshot), and the bytes they hold.
         self._packed: dict[str, dict[str, bytes]] = {}
         self._packed_bytes = 0
+        # [bytes the pickles packed ahead since the last snapshot hold (in
+        # self._dirty, as the keys' marks), their budget, keys packed ahead
+        # since the last snapshot]: shared with the ahead packers, which
+        # update it.
+        self._acct: list[int] = [0, KEEP_PICKLES_BYTES, 0]
+        # The ahead packer of each step, while this store packs ahead, and
+        # the first epoch after a pause that may pack ahead again.
+        self._ahead: dict[str, Callable[[str, Any], bool]] = {}
+        self._ahead_after = 0
+        #: Rows of the last snapshot that were packed ahead, and of every
+        #: snapshot of this store.
+        self.last_snapshot_ahead = 0
+        self.snapshot_rows_ahead = 0
         # Seconds a row the last snapshot that packed enough rows took to
         # pack them (None until one did).
         self._pack_cost: Optional[float] = None
@@ -717,7 +756,9 @@ class StateStore(_LiveState):
         if self._max_live is not None:
             # Kept pickles are memory the bound does not count (and an
             # evicting store's epochs are not whole): see _keeps_pickles.
+            # So are pickles packed ahead.
             self._forget_packed()
+            self._ahead = {}
 
     def _measure_budget(self, epoch: int, total: int) -> None:
         """Estimate a key's bytes again, if the epoch changed, the live keys
@@ -829,7 +870,7 @@ class StateStore(_LiveState):
             share = min(len(live), -(-excess * len(live) // total))
             if share:
                 victims[step_id] = list(itertools.islice(live, share))
-        changed: dict[str, dict[str, None]] = {}
+        changed: dict[str, dict[str, Optional[bytes]]] = {}
         for step_id, keys in victims.items():
             dirty = self._dirty[step_id]
             written = dict.fromkeys(key for key in keys if key in dirty)
@@ -863,10 +904,11 @@ class StateStore(_LiveState):
     def _write(
         self,
         epoch: int,
-        touched: dict[str, dict[str, None]],
+        touched: dict[str, dict[str, Optional[bytes]]],
         whole: bool = False,
         keep: bool = False,
         topped_up: bool = False,
+        marked: bool = False,
     ) -> tuple[int, float, float]:
         """Write ``touched`` (keys per step; a key not live is a deletion)
         at ``epoch`` in one call; return the rows written and the seconds
@@ -876,6 +918,8 @@ class StateStore(_LiveState):
         With ``keep``, every key packed has its pickle kept in
         ``self._packed``, and when the whole batch is ``topped_up`` a live
         key ``touched`` does not hold is written from there if it was kept.
+        With ``marked``, a key whose mark in ``touched`` is a pickle (packed
+        ahead) is written from it.
 
         Each pickle.dumps allocates a pickler the cyclic collector tracks,
         so a large write would set off collections that walk the whole
@@ -887,10 +931,10 @@ class StateStore(_LiveState):
         collecting = _pygc.isenabled()
         _pygc.disable()
         try:
-            written, pack_s, write_s, reused, held = _core.store_snapshot(
+            written, pack_s, write_s, reused, held, ahead = _core.store_snapshot(
                 handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, whole,
                 self._packed if keep else None, topped_up, KEEP_PICKLES_BYTES, self._packed_bytes,
-                self._deleted if whole else None,
+                self._deleted if whole else None, marked,
             )
         except BaseException as exc:
             # Which kept pickles the failed call replaced is not known.
@@ -906,11 +950,49 @@ class StateStore(_LiveState):
         if keep:
             self._packed_bytes = held
         self.last_snapshot_reused = reused
+        self.last_snapshot_ahead = ahead
         return int(written), pack_s, write_s
 
     def _forget_packed(self) -> None:
         self._packed = {}
         self._packed_bytes = 0
+
+    def ahead_packer(self, step_id: str) -> Optional[Callable[[str, Any], bool]]:
+        """A function the step's runtime calls with ``(key, obj)`` right
+        after an activation changed ``key``'s state, or ``None``.
+
+        Packing a key at the end of the epoch, among all the others, waits
+        on memory for its objects; right after its activation they are in
+        the cache, and packing costs several times less. So in batch mode
+        a store whose keys take long to pack (at least
+        ``_AHEAD_FROM_PACK_SECONDS`` a row, measured at its snapshots) packs
+        each key as its activation ends: the pickle becomes the key's mark
+        among the touched keys (up to ``KEEP_PICKLES_BYTES`` of them an
+        epoch), and the snapshot writes it as it is unless the key was
+        touched again since (its mark is then cleared). Its runtime asks at
+        each activation (the packer changes as snapshots decide). An epoch
+        that packed keys ahead many times for each row its snapshot wrote
+        from them (keys changed in many activations) pauses this for a few
+        epochs.
+        """
+        return self._ahead.get(step_id)
+
+    def _plan_ahead(self, epoch: int, packed_ahead: int) -> None:
+        """Decide, after the snapshot at ``epoch``, whether the next epoch
+        packs ahead (:meth:`ahead_packer`): ``packed_ahead`` keys were
+        packed ahead during this one."""
+        self._ahead = {}
+        if packed_ahead > _AHEAD_REPEATS * max(self.last_snapshot_ahead, 1):
+            self._ahead_after = epoch + _AHEAD_PAUSE
+        # (a cost not measured yet counts as none)
+        cost = self._pack_cost or 0.0
+        if (self.whole_from is None or self._max_live is not None or cost < _AHEAD_FROM_PACK_SECONDS
+                or epoch < self._ahead_after):
+            return
+        from millpond import _core
+        for step_id, marks in self._dirty.items():
+            self._ahead[step_id] = functools.partial(
+                _core.pack_ahead, marks, self._acct, pickle.dumps, PICKLE_PROTOCOL)
 
     def snapshot(self, epoch: int) -> int:
         """Persist every touched key at ``epoch`` in one call; return the rows written.
@@ -945,18 +1027,23 @@ class StateStore(_LiveState):
         if not keep and self._packed:
             self._forget_packed()
         whole = may_be_whole and self._is_whole(live_keys, touched)
-        written, pack_s, write_s = self._write(epoch, self._dirty, whole, keep, topped_up=touched < live_keys)
+        packed_ahead = self._acct[2]
+        written, pack_s, write_s = self._write(
+            epoch, self._dirty, whole, keep, topped_up=touched < live_keys, marked=packed_ahead > 0)
         self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
         self.snapshot_rows += written
         reused = self.last_snapshot_reused
         self.snapshot_rows_copied += reused
+        self.snapshot_rows_ahead += self.last_snapshot_ahead
         if written - reused >= _PACK_COST_SAMPLE:
             self._pack_cost = max(0.0, pack_s - reused * _COPY_SECONDS) / (written - reused)
         # Keys written by this store stay live unless evicted (which marks
         # their step as stored), so steps first written now never need a
         # lookup on a miss.
         self._clear_dirty()
+        self._acct[0] = self._acct[2] = 0
+        self._plan_ahead(epoch, packed_ahead)
         return written
 
     def _may_be_whole(self) -> bool:

@@ -63,6 +63,9 @@ class FakeStore:
     def evict(self, epoch: int) -> int:
         return 0
 
+    def ahead_packer(self, step_id: str) -> None:
+        return None  # (packing ahead is tested on the real store)
+
     def live_count(self) -> int:
         return len(self.live)
 

@@ -113,8 +113,11 @@ class StatefulBatchRuntime(StepRuntime):
             self._prefetch(pending)
             # Outputs of all keys of the activation go downstream as one batch.
             self._out = []
+            ahead = self.store.ahead_packer(self.step_id)
             for key, values in pending.items():
-                self._run_key(key, values, now)
+                logic = self._run_key(key, values, now)
+                if ahead is not None and logic is not None:
+                    ahead(key, logic)
             out, self._out = self._out, []
             if out:
                 self.worker.emit(self.index, 0, out)
@@ -133,9 +136,12 @@ class StatefulBatchRuntime(StepRuntime):
             # in one call.
             self._prefetch(due)
             self._out = []
+            ahead = self.store.ahead_packer(self.step_id)
             for key in due:
                 if key in timers:
-                    self._notify_key(key)
+                    logic = self._notify_key(key)
+                    if ahead is not None and logic is not None:
+                        ahead(key, logic)
             out, self._out = self._out, []
             if out:
                 self.worker.emit(self.index, 0, out)
@@ -148,7 +154,9 @@ class StatefulBatchRuntime(StepRuntime):
         except Exception as ex:
             raise self.fail(ex, key=key, what=what) from ex
 
-    def _run_key(self, key: str, values: List[Any], now: datetime) -> None:
+    def _run_key(self, key: str, values: List[Any], now: datetime) -> Any:
+        """Apply ``values`` to ``key``'s logic; return the logic, or None
+        if it discarded the key."""
         try:
             logic = self.store.get_or_build(self.step_id, key)
         except Exception as ex:
@@ -169,25 +177,30 @@ class StatefulBatchRuntime(StepRuntime):
             raise self.fail(ex, key=key, what="on_batch") from ex
         if discard:
             self._discard(key)
-            return
+            return None
         cls = logic_class(logic)
         has_timers = self._timer_classes.get(cls)
         if has_timers is None:
             has_timers = self._timer_classes[cls] = sets_timers(cls)
         if has_timers:
             self._rearm(key, logic)
+        return logic
 
-    def _notify_key(self, key: str) -> None:
+    def _notify_key(self, key: str) -> Any:
+        """Fire ``key``'s timer; return its logic, or None if it has no
+        state (any more)."""
         try:
             logic = self.store.get(self.step_id, key)
         except Exception as ex:
             raise self.fail(ex, key=key, what="builder") from ex
         if logic is None:
             self.timers.pop(key, None)
-            return
-        if not self._fire(key, logic):
-            self._rearm(key, logic)
+            return None
         self.worker.touched()
+        if self._fire(key, logic):
+            return None
+        self._rearm(key, logic)
+        return logic
 
     def _fire(self, key: str, logic: Any) -> bool:
         """Run ``on_notify`` for ``key`` and emit its output; True if it
