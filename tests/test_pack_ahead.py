@@ -89,6 +89,7 @@ def test_a_key_packed_ahead_is_written_from_that_pickle(tmp_path, ahead_on):
         s.snapshot(2)
         assert Counted.calls == calls, "the snapshot did not pack k1 again"
         assert s.last_snapshot_ahead == 1 and s.snapshot_rows_ahead == 1
+        assert s.last_snapshot_reused == 0, "copied from kept pickles: none"
         assert stored(s, "k1") == 101
 
 

@@ -77,7 +77,9 @@ class StatefulBatchLogic(ABC, Generic[V, W, S]):
 
     @abstractmethod
     def snapshot(self) -> S:
-        """This key's state: picklable, and not mutated afterwards."""
+        """This key's state: picklable, and not mutated afterwards. Called
+        for the epoch's snapshot, and in batch mode possibly also right after
+        each activation of the key, so it must not change the key's state."""
 
 
 class StatefulLogic(ABC, Generic[V, W, S]):
@@ -108,7 +110,9 @@ class StatefulLogic(ABC, Generic[V, W, S]):
 
     @abstractmethod
     def snapshot(self) -> S:
-        """This key's state: picklable, and not mutated afterwards."""
+        """This key's state: picklable, and not mutated afterwards. Called
+        for the epoch's snapshot, and in batch mode possibly also right after
+        each activation of the key, so it must not change the key's state."""
 
 
 

@@ -353,6 +353,8 @@ class RunCollector(Collector):
             ("millpond_snapshot_rows", "snapshot_rows", "Rows (writes and deletions) this worker's snapshots wrote."),
             ("millpond_snapshot_rows_copied", "snapshot_rows_copied", "Rows of this worker's whole-state "
              "snapshots copied from the keys' last pickles (untouched since) instead of packed again."),
+            ("millpond_snapshot_rows_ahead", "snapshot_rows_ahead", "Rows of this worker's snapshots packed "
+             "ahead, right after the key's activation, instead of at the snapshot."),
         ):
             per_worker = _counter(name, doc, ["flow", "worker"])
             for w in workers:

@@ -949,7 +949,8 @@ class StateStore(_LiveState):
                 _pygc.enable()
         if keep:
             self._packed_bytes = held
-        self.last_snapshot_reused = reused
+        # (the core counts both kinds of rows it copied as reused)
+        self.last_snapshot_reused = reused - ahead
         self.last_snapshot_ahead = ahead
         return int(written), pack_s, write_s
 
@@ -1033,11 +1034,13 @@ class StateStore(_LiveState):
         self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
         self.snapshot_rows += written
-        reused = self.last_snapshot_reused
-        self.snapshot_rows_copied += reused
+        self.snapshot_rows_copied += self.last_snapshot_reused
         self.snapshot_rows_ahead += self.last_snapshot_ahead
-        if written - reused >= _PACK_COST_SAMPLE:
-            self._pack_cost = max(0.0, pack_s - reused * _COPY_SECONDS) / (written - reused)
+        # Rows written from pickles made before (kept, or packed ahead)
+        # cost a copy each; the rest tell what packing a row costs.
+        copied = self.last_snapshot_reused + self.last_snapshot_ahead
+        if written - copied >= _PACK_COST_SAMPLE:
+            self._pack_cost = max(0.0, pack_s - copied * _COPY_SECONDS) / (written - copied)
         # Keys written by this store stay live unless evicted (which marks
         # their step as stored), so steps first written now never need a
         # lookup on a miss.
