@@ -163,14 +163,23 @@ def test_only_stores_whose_keys_pack_slowly_pack_ahead(tmp_path):
         assert s.ahead_packer(STEP) is None
 
 
-def test_without_batch_mode_or_with_a_bound_nothing_is_packed_ahead(tmp_path, ahead_on):
-    with planned(tmp_path / "a") as s:
+def test_without_batch_mode_nothing_is_packed_ahead(tmp_path, ahead_on):
+    with planned(tmp_path) as s:
         s.whole_from = None
         s.snapshot(2)
         assert s.ahead_packer(STEP) is None
-    with planned(tmp_path / "b") as s:
+
+
+@pytest.mark.parametrize("bound", ["keys", "bytes"])
+def test_a_bounded_store_packs_nothing_ahead(tmp_path, ahead_on, bound):
+    # Pickles packed ahead are memory a live-key limit or a byte budget
+    # does not count.
+    with planned(tmp_path) as s:
         assert s.ahead_packer(STEP) is not None
-        s.limit_live_keys(10)
+        if bound == "keys":
+            s.limit_live_keys(10)
+        else:
+            s.limit_live_bytes(10 << 20)
         assert s.ahead_packer(STEP) is None, "a bound drops the packers at once"
         s.snapshot(2)
         assert s.ahead_packer(STEP) is None

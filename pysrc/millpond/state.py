@@ -987,8 +987,8 @@ class StateStore(_LiveState):
             self._ahead_after = epoch + _AHEAD_PAUSE
         # (a cost not measured yet counts as none)
         cost = self._pack_cost or 0.0
-        if (self.whole_from is None or self._max_live is not None or cost < _AHEAD_FROM_PACK_SECONDS
-                or epoch < self._ahead_after):
+        bounded = self._max_live is not None or self._bytes is not None
+        if self.whole_from is None or bounded or cost < _AHEAD_FROM_PACK_SECONDS or epoch < self._ahead_after:
             return
         from millpond import _core
         for step_id, marks in self._dirty.items():
