@@ -77,7 +77,7 @@ KEEP_PICKLES_BYTES = 64 << 20
 # StateStore.ahead_packer), when its keys cost at least this much a row to
 # pack at the end of an epoch: there, among all the others, a key's objects
 # are no longer in the cache, and a windowing key that packs in about 3 us
-# right after its activation takes 5.7-8.3 us (docs/benchmarks.md).
+# right after its activation takes 5.7-9 us (docs/benchmarks.md).
 _AHEAD_FROM_PACK_SECONDS = 2.0e-6
 # Packing ahead stops for _AHEAD_PAUSE epochs when an epoch packed keys
 # ahead more than _AHEAD_REPEATS times for each row the snapshot then copied:
