@@ -245,6 +245,22 @@ typedef struct {
     PyObject *protocol, *dumps, *snapshot_name;
 } step_ctx;
 
+// The protocol mp_fast_pickle is asked to write: -1 (dumps only) for one
+// it cannot take.
+static int pickle_protocol(PyObject *protocol) {
+    long proto = PyLong_Check(protocol) ? PyLong_AsLong(protocol) : -1;
+    if (proto == -1 && PyErr_Occurred()) PyErr_Clear();
+    return proto > 255 ? -1 : (int)proto;
+}
+
+// The interned name "snapshot" (borrowed), made once; NULL with an
+// exception set if it cannot be.
+static PyObject *snapshot_method(void) {
+    static PyObject *name;
+    if (name == NULL) name = PyUnicode_InternFromString("snapshot");
+    return name;
+}
+
 // Pickles obj's state: mp_window_snapshot (window.c) for a windowing
 // key's, mp_slot_state (slotstate.c) for stateful_map's, else its
 // .snapshot(), pickled by mp_fast_pickle into c->scratch (0) or, for a
@@ -349,11 +365,8 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObj
     memcpy(b.p, "MPB1", 4);
     b.len = 4;
     put_varint(&b, (uint64_t)count);
-    // mp_fast_pickle leaves a protocol it cannot write to dumps.
-    long proto = PyLong_Check(protocol) ? PyLong_AsLong(protocol) : -1;
-    if (proto == -1 && PyErr_Occurred()) PyErr_Clear();
-    if (proto > 255) proto = -1;
-    PyObject *snapshot_name = PyUnicode_InternFromString("snapshot");
+    int proto = pickle_protocol(protocol);
+    PyObject *snapshot_name = snapshot_method();
     if (snapshot_name == NULL) goto fail;
     pos = 0;
     while (PyDict_Next(dirty, &pos, &step, &keys)) {
@@ -375,19 +388,22 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObj
         // A topped-up batch copies the keys the epoch did not touch.
         int topped_up = from_live && kept != NULL && carry->topped_up;
         int look_marks = topped_up || carry->marked;
-        Py_ssize_t *ahead = &carry->ahead;
-        step_ctx c = {&b, &scratch, s, sl, carry, kept, 0, (int)proto, protocol, dumps, snapshot_name};
+        step_ctx c = {&b, &scratch, s, sl, carry, kept, 0, proto, protocol, dumps, snapshot_name};
         enum { RING = PREFETCH_LEVELS + 1 };
         chunk ring[RING] = {{{0}}};
         int more = 1, rc = 0;
         for (int i = 0; i < RING - 1 && more > 0; i++) {
-            more = fill_chunk(&ring[i], walked, &kpos, from_live, objs, kept, keys, look_marks, topped_up, ahead);
+            more = fill_chunk(&ring[i], walked, &kpos, from_live, objs, kept, keys, look_marks, topped_up,
+                              &carry->ahead);
         }
         for (int t = 0; rc == 0 && more >= 0; t++) {
             chunk *now = &ring[t % RING];
             if (now->n == 0) break;
             chunk *next = &ring[(t + RING - 1) % RING];
-            if (more > 0) more = fill_chunk(next, walked, &kpos, from_live, objs, kept, keys, look_marks, topped_up, ahead);
+            if (more > 0) {
+                more = fill_chunk(next, walked, &kpos, from_live, objs, kept, keys, look_marks, topped_up,
+                                  &carry->ahead);
+            }
             for (int d = 0; d < PREFETCH_LEVELS; d++) prefetch_chunk(&ring[(t + PREFETCH_LEVELS - 1 - d) % RING], d);
             for (int i = 0; i < now->n && rc == 0; i++) {
                 rc = store_unchanged(walked, touched) ? pack_key(&c, now->keys[i], now->objs[i], now->copies[i], now->fresh[i]) : -1;
@@ -420,12 +436,10 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObj
         Py_XDECREF(it);
         if (PyErr_Occurred()) goto fail;
     }
-    Py_DECREF(snapshot_name);
     free(scratch.p);
     *out_len = b.len;
     return b.p;
 fail:
-    Py_XDECREF(snapshot_name);
     free(scratch.p);
     free(b.p);
     return NULL;
@@ -454,18 +468,15 @@ PyObject *py_pack_ahead(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "pack_ahead(marks: dict, acct: [int, int, int], dumps, protocol, key: str, obj)");
         return NULL;
     }
-    static PyObject *snapshot_name;
-    if (snapshot_name == NULL && (snapshot_name = PyUnicode_InternFromString("snapshot")) == NULL) return NULL;
+    PyObject *snapshot_name = snapshot_method();
+    if (snapshot_name == NULL) return NULL;
     Py_ssize_t held = PyLong_AsSsize_t(PyList_GET_ITEM(acct, 0));
     Py_ssize_t budget = PyLong_AsSsize_t(PyList_GET_ITEM(acct, 1));
     Py_ssize_t packs = PyLong_AsSsize_t(PyList_GET_ITEM(acct, 2));
     if (PyErr_Occurred()) return NULL;
     if (held >= budget) Py_RETURN_FALSE;
-    long proto = PyLong_Check(protocol) ? PyLong_AsLong(protocol) : -1;
-    if (proto == -1 && PyErr_Occurred()) PyErr_Clear();
-    if (proto > 255) proto = -1;
     mp_buf scratch = {0};
-    step_ctx c = {.scratch = &scratch, .proto = (int)proto, .protocol = protocol, .dumps = dumps,
+    step_ctx c = {.scratch = &scratch, .proto = pickle_protocol(protocol), .protocol = protocol, .dumps = dumps,
                   .snapshot_name = snapshot_name};
     PyObject *pickled = NULL;
     int rc = pickle_state(&c, obj, &pickled);

@@ -17,7 +17,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import millpond.operators as op
-from millpond import _core
 from millpond import state as state_mod
 from millpond.backup import DirBackup
 from millpond.dataflow import Dataflow
@@ -25,6 +24,9 @@ from millpond.errors import SnapshotError
 from millpond.recovery import RecoveryConfig, SnapshotMode
 from millpond.state import StateStore
 from millpond.testing import TestingSink, TestingSource, cluster_main
+
+from helpers.stored_rows import GONE, KEYS, VALUES
+from helpers.stored_rows import stored as stored_row
 
 FLOW = "flow"
 STEP = "s"
@@ -49,15 +51,11 @@ def open_store(path: Path, **kw: Any) -> StateStore:
     return s
 
 
-GONE = "<no row, or a deletion>"
 
 
 def stored(s: StateStore, key: str) -> Any:
     """The value of key's newest row in the store (not its live object)."""
-    found = _core.store_get(s._require_handle(), STEP, key)
-    if found is None or found[1] is None:
-        return GONE
-    return pickle.loads(found[1])
+    return stored_row(s, STEP, key)
 
 
 def seeded(path: Path, n: int, whole_from: float = 0.5) -> StateStore:
@@ -253,8 +251,7 @@ def test_an_untouched_key_that_cannot_be_packed_in_a_whole_epoch_is_named(tmp_pa
 
 # Operations on a few keys: set a new object, change a live one (both
 # touch the key), discard, snapshot.
-_keys = st.sampled_from([f"k{i}" for i in range(6)])
-_values = st.one_of(st.integers(), st.text(max_size=120), st.none())
+_keys, _values = KEYS, VALUES
 _ops = st.lists(
     st.one_of(
         st.tuples(st.just("set"), _keys, _values),

@@ -6,7 +6,6 @@ packing every object at the snapshot would store."""
 
 from __future__ import annotations
 
-import pickle
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -16,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import millpond.operators as op
-from millpond import _core
 from millpond import state as state_mod
 from millpond.backup import DirBackup
 from millpond.dataflow import Dataflow
@@ -25,9 +23,11 @@ from millpond.recovery import RecoveryConfig, SnapshotMode
 from millpond.state import StateStore
 from millpond.testing import TestingSink, TestingSource, cluster_main
 
+from helpers.stored_rows import GONE, KEYS, VALUES
+from helpers.stored_rows import stored as stored_row
+
 FLOW = "flow"
 STEP = "s"
-GONE = "<no row, or a deletion>"
 
 
 class Counted:
@@ -49,10 +49,7 @@ class Counted:
 
 def stored(s: StateStore, key: str) -> Any:
     """The value of key's newest row in the store (not its live object)."""
-    found = _core.store_get(s._require_handle(), STEP, key)
-    if found is None or found[1] is None:
-        return GONE
-    return pickle.loads(found[1])
+    return stored_row(s, STEP, key)
 
 
 @pytest.fixture
@@ -188,8 +185,7 @@ def test_a_bounded_store_packs_nothing_ahead(tmp_path, ahead_on, bound):
 # A random sequence of what happens to six keys between snapshots: an
 # activation that packs its key ahead, one that does not (a second touch
 # after the pack), a new object, a discard, a snapshot.
-_keys = st.sampled_from([f"k{i}" for i in range(6)])
-_values = st.one_of(st.integers(), st.text(max_size=120), st.none())
+_keys, _values = KEYS, VALUES
 _ops = st.lists(
     st.one_of(
         st.tuples(st.just("ahead"), _keys, _values),
