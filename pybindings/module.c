@@ -98,7 +98,8 @@ static PyMethodDef methods[] = {
      "store_close(handle) -> None\n\nClose a store handle (a store a run owns stays open). Closing twice is fine."},
     {"store_snapshot", py_store_snapshot, METH_VARARGS,
      "store_snapshot(handle, epoch, dirty, live, dumps, protocol, whole, packed=None, topped_up=False, budget=0,\n"
-     "               held=0, deleted=None, marked=False) -> (rows, pack_seconds, write_seconds, reused, held, ahead)\n\n"
+     "               held=0, deleted=None, marked=False)\n"
+     "    -> (rows, pack_seconds, write_seconds, reused, held, ahead, carried)\n\n"
      "Pack every touched key (dirty: {step: {key: mark}}; live: {step: {key: obj}}) into one buffer, calling\n"
      "obj.snapshot() and dumps(state, protocol), and hand it to the core, which writes it at epoch (through the\n"
      "run that owns the store, if any). A touched key that is not live is a deletion. With deleted ({step: set}),\n"
@@ -107,7 +108,13 @@ static PyMethodDef methods[] = {
      "({step: {key: bytes}}), each key packed has its pickle kept there while the kept bytes (counted with 64\n"
      "bytes of overhead each, held so far) stay within budget, and with topped_up a live key dirty does not hold\n"
      "is written from its kept pickle if it has one (reused counts them). With marked, a touched key whose mark is\n"
-     "a pickle (pack_ahead made it) is written from it (ahead counts them; reused too) and kept as above."},
+     "a pickle (pack_ahead made it) is written from it (ahead counts them; reused too) and kept as above.\n"
+     "whole is 0 (touched keys), 1 (the whole state, with deleted) or 2: touched keys, written as the whole state\n"
+     "by merging them into the state the run that owns the store carries (store_carries), or as they are when it\n"
+     "carries none; carried counts the rows the run added, rows all rows written."},
+    {"store_carries", py_store_carries, METH_VARARGS,
+     "store_carries(handle) -> bool\n\nWhether the run that owns the store carries its worker's whole state (batch\n"
+     "mode, from a fresh start or the last whole batch), so that store_snapshot(whole=2) writes an epoch whole."},
     {"pack_ahead", (PyCFunction)(void (*)(void))py_pack_ahead, METH_FASTCALL,
      "pack_ahead(marks, acct, dumps, protocol, key, obj) -> bool\n\n"
      "Pack key's state now and make the pickle key's mark in marks (a step's touched keys), which the next\n"

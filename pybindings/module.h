@@ -110,6 +110,7 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObj
 #define MP_METHOD(name) PyObject *py_##name(PyObject *self, PyObject *args)
 PyObject *py_pack_ahead(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 MP_METHOD(store_open);
+MP_METHOD(store_carries);
 MP_METHOD(store_close);
 MP_METHOD(store_snapshot);
 MP_METHOD(store_get);

@@ -34,12 +34,16 @@ MP_METHOD(store_snapshot) {
     PyObject *dirty, *live, *dumps, *protocol, *packed = Py_None, *deleted = Py_None;
     int whole = 0;
     mp_carry carry = {0};
-    if (!PyArg_ParseTuple(args, "KLO!O!OOp|OpnnOp", &h, &epoch, &PyDict_Type, &dirty, &PyDict_Type, &live, &dumps,
+    if (!PyArg_ParseTuple(args, "KLO!O!OOi|OpnnOp", &h, &epoch, &PyDict_Type, &dirty, &PyDict_Type, &live, &dumps,
                           &protocol, &whole, &packed, &carry.topped_up, &carry.budget, &carry.held, &deleted,
                           &carry.marked))
         return NULL;
     if ((packed != Py_None && !PyDict_CheckExact(packed)) || (deleted != Py_None && !PyDict_Check(deleted))) {
         PyErr_SetString(PyExc_TypeError, "store_snapshot: packed and deleted must be dicts or None");
+        return NULL;
+    }
+    if (whole < 0 || whole > 2 || (whole == 2 && deleted != Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "store_snapshot: whole must be 0, 1 or 2 (2 packs touched keys: no deleted)");
         return NULL;
     }
     carry.packed = packed == Py_None ? NULL : packed;
@@ -49,10 +53,18 @@ MP_METHOD(store_snapshot) {
                                  &carry, &len);
     if (buf == NULL) return NULL;
     double t1 = now_seconds();
-    long long written = 0;
-    CALL_GO(mp_store_write(h, epoch, whole, buf, len, &written, &kind, &msg));
+    long long written = 0, carried = 0;
+    CALL_GO(mp_store_write(h, epoch, whole, buf, len, &written, &carried, &kind, &msg));
     double t2 = now_seconds();
-    return Py_BuildValue("(Lddnnn)", written, t1 - t0, t2 - t1, carry.reused, carry.held, carry.ahead);
+    return Py_BuildValue("(LddnnnL)", written, t1 - t0, t2 - t1, carry.reused, carry.held, carry.ahead, carried);
+}
+
+MP_METHOD(store_carries) {
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K", &h)) return NULL;
+    int out = 0;
+    CALL_GO(mp_store_carries(h, &out, &kind, &msg));
+    return PyBool_FromLong(out);
 }
 
 MP_METHOD(store_get) {

@@ -28,6 +28,13 @@ type batchWriter interface {
 	Write(ctx context.Context, b rowbatch.Batch) (int, error)
 }
 
+// carrier is a batchWriter that can write an epoch whole from its touched
+// keys (durable.Worker: see durable.Run.WriteCarried).
+type carrier interface {
+	WriteCarried(ctx context.Context, b rowbatch.Batch) (int, int, error)
+	Carries() bool
+}
+
 // storeHandle is what a store handle holds: the store to read, where its
 // snapshots go, and whether closing the handle closes the store.
 type storeHandle struct {
@@ -72,15 +79,19 @@ func mp_store_close(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
 
 // mp_store_write takes over a packed snapshot batch (rowbatch format, in
 // memory from malloc) and writes it at epoch: to the store, or through the
-// run that owns it. The buffer is freed once the last reader of the batch
-// is done with it, which may be after the call returns; the caller must
-// not touch it again, error or not.
+// run that owns it. whole is 0 for a batch of touched keys, 1 for the
+// worker's whole state, 2 for touched keys to be written whole from the
+// state the run carries (durable.Run.WriteCarried; as 0 when it carries
+// none). *written counts the rows written, *carried those of them the run
+// added (-1 when the batch was not written whole from the carried state). The buffer is freed once the last reader of the batch is done
+// with it, which may be after the call returns; the caller must not touch
+// it again, error or not.
 //
 //export mp_store_write
 func mp_store_write(h C.uintptr_t, epoch C.longlong, whole C.int, buf *C.char, n C.size_t,
-	written *C.longlong, errKind *C.int, errMsg **C.char) C.int {
+	written, carried *C.longlong, errKind *C.int, errMsg **C.char) C.int {
 	mem := rowbatch.NewMemory(func() { C.free(unsafe.Pointer(buf)) })
-	batch := rowbatch.Batch{Epoch: int64(epoch), Whole: whole != 0, Mem: mem}
+	batch := rowbatch.Batch{Epoch: int64(epoch), Whole: whole == 1, Mem: mem}
 	sh, err := lookup[*storeHandle](uintptr(h))
 	if err != nil {
 		batch.Release()
@@ -94,14 +105,36 @@ func mp_store_write(h C.uintptr_t, epoch C.longlong, whole C.int, buf *C.char, n
 		batch.Release()
 		return setErr(err, errKind, errMsg)
 	}
-	count, err := sh.writer.Write(callCtx(), batch)
+	count, added := 0, -1
+	if c, ok := sh.writer.(carrier); ok && whole == 2 {
+		count, added, err = c.WriteCarried(callCtx(), batch)
+	} else {
+		count, err = sh.writer.Write(callCtx(), batch)
+	}
 	if err != nil {
 		if !sh.owned {
 			err = withKind(kindRecovery, err)
 		}
 		return setErr(err, errKind, errMsg)
 	}
-	*written = C.longlong(count)
+	*written, *carried = C.longlong(count), C.longlong(added)
+	return 0
+}
+
+// mp_store_carries sets *out to 1 when the run that owns the store
+// carries its worker's whole state, so that a batch of touched keys can be
+// written whole (mp_store_write's whole 2), else to 0.
+//
+//export mp_store_carries
+func mp_store_carries(h C.uintptr_t, out *C.int, errKind *C.int, errMsg **C.char) C.int {
+	sh, err := lookup[*storeHandle](uintptr(h))
+	if err != nil {
+		return setErr(err, errKind, errMsg)
+	}
+	*out = 0
+	if c, ok := sh.writer.(carrier); ok && c.Carries() {
+		*out = 1
+	}
 	return 0
 }
 

@@ -96,8 +96,11 @@ def test_a_snapshot_is_one_call_that_packs_and_writes(tmp_path):
         h = store._require_handle()
         dirty = {"s": {"a": None, "b": None, "gone": None}}
         live = {"s": {"a": _Obj(1), "b": _Obj({"x": [1, 2]})}}
-        rows, pack_s, write_s, reused, held, ahead = _core.store_snapshot(h, 1, dirty, live, pickle.dumps, 5, False)
-        assert rows == 3 and pack_s >= 0 and write_s >= 0 and (reused, held, ahead) == (0, 0, 0)
+        rows, pack_s, write_s, reused, held, ahead, carried = _core.store_snapshot(
+            h, 1, dirty, live, pickle.dumps, 5, False)
+        # (a store of its own: no run carries its state)
+        assert rows == 3 and pack_s >= 0 and write_s >= 0 and (reused, held, ahead, carried) == (0, 0, 0, -1)
+        assert _core.store_carries(h) is False
         assert _core.store_get(h, "s", "gone") == (1, None)
         got = _core.store_get(h, "s", "b")
         assert got is not None and got[1] is not None and pickle.loads(got[1]) == {"x": [1, 2]}

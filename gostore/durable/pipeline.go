@@ -50,18 +50,55 @@ var errNotRunning = errors.New("recovery run is not started or already finished"
 // (b.Whole) must be the worker's only batch of its epoch (whole.go).
 // Once the pipeline failed, Write returns its error.
 func (r *Run) Write(ctx context.Context, w int, b rowbatch.Batch) (int, error) {
+	n, _, err := r.write(w, b, false)
+	return n, err
+}
+
+// WriteCarried is Write for a batch of the keys worker w's epoch touched
+// (and deletions of those it dropped), to be written as the worker's
+// whole state: merged into the state the run carries for the worker
+// (carry.go), the batch becomes every key the worker holds, as if b were
+// whole. When the run does not carry the worker's state (see Carries) b
+// is written as it is. It returns the rows written and how many of them
+// came from the carried state, -1 when b was written as it is.
+func (r *Run) WriteCarried(ctx context.Context, w int, b rowbatch.Batch) (int, int, error) {
+	return r.write(w, b, true)
+}
+
+// Carries reports whether the run carries worker w's whole state, so that
+// WriteCarried can write an epoch whole from the keys it touched: in batch
+// mode, from the start of a fresh run or after the worker's last whole
+// batch, while the state fits Config.CarryBytes.
+func (r *Run) Carries(w int) bool {
+	if r.checkHosted(w) != nil || r.carry[w] == nil {
+		return false
+	}
+	return r.carry[w].valid()
+}
+
+func (r *Run) write(w int, b rowbatch.Batch, whole bool) (int, int, error) {
 	if err := r.checkHosted(w); err != nil {
 		b.Release()
-		return 0, err
+		return 0, 0, err
 	}
 	if err := r.Err(); err != nil {
 		b.Release()
-		return 0, err
+		return 0, 0, err
 	}
 	if r.pipes == nil {
 		b.Release()
-		return 0, errNotRunning
+		return 0, 0, errNotRunning
 	}
+	carried := -1
+	if c := r.carry[w]; c != nil {
+		b, carried = c.take(b, whole)
+	}
+	n, err := r.hand(w, b)
+	return n, carried, err
+}
+
+// hand passes b on to worker w's local store and segment.
+func (r *Run) hand(w int, b rowbatch.Batch) (int, error) {
 	for i := range b.Rows {
 		b.Rows[i].Epoch = b.Epoch
 	}

@@ -171,6 +171,11 @@ func (r *Run) Restore(ctx context.Context, w int) (RestoreInfo, error) {
 	info.Seconds = time.Since(start).Seconds()
 	r.stores[w] = store
 	r.restores[w] = info
+	if r.cfg.Mode == SnapshotBatch {
+		// A fresh worker's state is empty, so it is carried from the
+		// start; a resumed one's from its first whole batch.
+		r.carry[w] = newCarried(info.Kind == ResumeFresh, r.cfg.CarryBytes)
+	}
 	// A full resume says why at Info (the local store was lost, the worker
 	// count changed...); the others are routine.
 	level := slog.LevelDebug

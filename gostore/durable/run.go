@@ -92,6 +92,11 @@ type Config struct {
 	// in place, which costs less than a new file for a small state.
 	// Default 1024.
 	GenerationMinRows int
+	// CarryBytes bounds the memory a worker's carried state may take in
+	// batch mode (carry.go), counting each row's key and value bytes and
+	// about 70 bytes more; a state that outgrows it is no longer carried.
+	// Default 64 MiB; negative carries nothing.
+	CarryBytes int64
 	// CheckpointHold bounds how long a local store's background checkpoint
 	// waits for epochs closed but not committed (waitCommitsIdle).
 	// Default 1s.
@@ -178,6 +183,9 @@ func (c *Config) defaults() error {
 	if c.GenerationMinRows <= 0 {
 		c.GenerationMinRows = 1024
 	}
+	if c.CarryBytes == 0 {
+		c.CarryBytes = 64 << 20
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -226,6 +234,9 @@ type Run struct {
 	handoffs [][]*handoff
 	// held[w], under mu, is worker w's whole batch's held deletions.
 	held []*heldDeletions
+	// carry[w] is worker w's carried state (carry.go); nil outside batch
+	// mode and before the worker is restored.
+	carry []*carried
 
 	progress  Progress
 	metrics   Metrics
@@ -333,6 +344,7 @@ func open(ctx context.Context, cfg Config) (*Run, error) {
 		stores: make([]*localstore.Store, cfg.WorkerCount), restores: make([]RestoreInfo, cfg.WorkerCount),
 		handoffs: make([][]*handoff, cfg.WorkerCount),
 		held:     make([]*heldDeletions, cfg.WorkerCount),
+		carry:    make([]*carried, cfg.WorkerCount),
 		epochs:   map[int64]*epochState{}, committed: st.Commit.Epoch, closedAll: st.Commit.Epoch,
 		gcEpoch: st.Commit.Epoch,
 		record:  st.Commit,
@@ -389,6 +401,14 @@ func (w *Worker) Store() *localstore.Store { return w.run.Store(w.index) }
 func (w *Worker) Write(ctx context.Context, b rowbatch.Batch) (int, error) {
 	return w.run.Write(ctx, w.index, b)
 }
+
+// WriteCarried is Run.WriteCarried for this worker.
+func (w *Worker) WriteCarried(ctx context.Context, b rowbatch.Batch) (int, int, error) {
+	return w.run.WriteCarried(ctx, w.index, b)
+}
+
+// Carries is Run.Carries for this worker.
+func (w *Worker) Carries() bool { return w.run.Carries(w.index) }
 
 // Start launches the background pipeline. Call it after every worker was
 // restored.

@@ -23,10 +23,11 @@ def store_open(
 def store_close(handle: int, /) -> None: ...
 def store_snapshot(
     handle: int, epoch: int, dirty: dict[str, dict[str, Optional[bytes]]], live: dict[str, dict[str, Any]],
-    dumps: Callable[[Any, int], bytes], protocol: int, whole: bool,
+    dumps: Callable[[Any, int], bytes], protocol: int, whole: int,
     packed: Optional[dict[str, dict[str, bytes]]] = None, topped_up: bool = False,
     budget: int = 0, held: int = 0, deleted: Optional[dict[str, set[str]]] = None, marked: bool = False, /,
-) -> tuple[int, float, float, int, int, int]: ...
+) -> tuple[int, float, float, int, int, int, int]: ...
+def store_carries(handle: int, /) -> bool: ...
 def pack_ahead(
     marks: dict[str, Optional[bytes]], acct: list[int], dumps: Callable[[Any, int], bytes], protocol: int,
     key: str, obj: Any, /,

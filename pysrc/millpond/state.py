@@ -624,6 +624,12 @@ class StateStore(_LiveState):
         #: every snapshot of this store.
         self.last_snapshot_reused = 0
         self.snapshot_rows_copied = 0
+        #: Rows of the last snapshot that the core added from the state it
+        #: carries (an epoch written whole from its touched keys, see
+        #: :meth:`snapshot`; -1 when the last one was not), and of every
+        #: snapshot of this store.
+        self.last_snapshot_carried = -1
+        self.snapshot_rows_carried = 0
         # With whole_from set: each key's last pickle, per step, kept while
         # the key is not touched (see snapshot), and the bytes they hold.
         self._packed: dict[str, dict[str, bytes]] = {}
@@ -909,11 +915,16 @@ class StateStore(_LiveState):
         keep: bool = False,
         topped_up: bool = False,
         marked: bool = False,
+        carried: bool = False,
     ) -> tuple[int, float, float]:
         """Write ``touched`` (keys per step; a key not live is a deletion)
         at ``epoch`` in one call; return the rows written and the seconds
         spent packing and handing them to the core. A ``whole`` batch is
         every live key instead, in live order, and the pending deletions.
+        With ``carried`` (and not ``whole``), the core writes the batch as
+        the whole state, merged into the state it carries (see
+        :meth:`_carried`); :attr:`last_snapshot_carried` counts the rows
+        it added (-1 when it wrote the batch as it is).
 
         With ``keep``, every key packed has its pickle kept in
         ``self._packed``, and when the whole batch is ``topped_up`` a live
@@ -931,8 +942,9 @@ class StateStore(_LiveState):
         collecting = _pygc.isenabled()
         _pygc.disable()
         try:
-            written, pack_s, write_s, reused, held, ahead = _core.store_snapshot(
-                handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, whole,
+            mode = 1 if whole else 2 if carried else 0
+            written, pack_s, write_s, reused, held, ahead, added = _core.store_snapshot(
+                handle, epoch, touched, self._live, pickle.dumps, PICKLE_PROTOCOL, mode,
                 self._packed if keep else None, topped_up, KEEP_PICKLES_BYTES, self._packed_bytes,
                 self._deleted if whole else None, marked,
             )
@@ -952,6 +964,7 @@ class StateStore(_LiveState):
         # (the core counts both kinds of rows it copied as reused)
         self.last_snapshot_reused = reused - ahead
         self.last_snapshot_ahead = ahead
+        self.last_snapshot_carried = added
         return int(written), pack_s, write_s
 
     def _forget_packed(self) -> None:
@@ -1021,26 +1034,38 @@ class StateStore(_LiveState):
         self._require_handle()
         if type(epoch) is not int or epoch < 1:
             raise ValueError(f"snapshot epoch must be an int of at least 1 (epochs start at 1), got {epoch!r}")
-        may_be_whole = self._may_be_whole()
         live_keys = sum(len(live) for live in self._live.values())
         touched = sum(len(d) - len(self._deleted[s]) for s, d in self._dirty.items())
-        keep = self._keeps_pickles(may_be_whole, live_keys, touched)
-        if not keep and self._packed:
-            self._forget_packed()
-        whole = may_be_whole and self._is_whole(live_keys, touched)
         packed_ahead = self._acct[2]
-        written, pack_s, write_s = self._write(
-            epoch, self._dirty, whole, keep, topped_up=touched < live_keys, marked=packed_ahead > 0)
+        if self._carried():
+            # The core merges the touched keys into the state it carries:
+            # nothing untouched is handed over, so nothing is kept for it.
+            if self._packed:
+                self._forget_packed()
+            written, pack_s, write_s = self._write(
+                epoch, self._dirty, marked=packed_ahead > 0, carried=self._is_whole(live_keys, touched))
+            whole = self.last_snapshot_carried >= 0
+        else:
+            may_be_whole = self._may_be_whole()
+            keep = self._keeps_pickles(may_be_whole, live_keys, touched)
+            if not keep and self._packed:
+                self._forget_packed()
+            whole = may_be_whole and self._is_whole(live_keys, touched)
+            written, pack_s, write_s = self._write(
+                epoch, self._dirty, whole, keep, topped_up=touched < live_keys, marked=packed_ahead > 0)
         self.last_snapshot_timing = {"python": pack_s, "go": write_s}
         self.last_snapshot_whole = whole
         self.snapshot_rows += written
         self.snapshot_rows_copied += self.last_snapshot_reused
         self.snapshot_rows_ahead += self.last_snapshot_ahead
+        self.snapshot_rows_carried += max(0, self.last_snapshot_carried)
         # Rows written from pickles made before (kept, or packed ahead)
-        # cost a copy each; the rest tell what packing a row costs.
+        # cost a copy each, rows the core carried nothing here; the rest
+        # tell what packing a row costs.
         copied = self.last_snapshot_reused + self.last_snapshot_ahead
-        if written - copied >= _PACK_COST_SAMPLE:
-            self._pack_cost = max(0.0, pack_s - copied * _COPY_SECONDS) / (written - copied)
+        packed = written - max(0, self.last_snapshot_carried) - copied
+        if packed >= _PACK_COST_SAMPLE:
+            self._pack_cost = max(0.0, pack_s - copied * _COPY_SECONDS) / packed
         # Keys written by this store stay live unless evicted (which marks
         # their step as stored), so steps first written now never need a
         # lookup on a miss.
@@ -1048,6 +1073,18 @@ class StateStore(_LiveState):
         self._acct[0] = self._acct[2] = 0
         self._plan_ahead(epoch, packed_ahead)
         return written
+
+    def _carried(self) -> bool:
+        """Whether the core carries this store's whole state (batch mode
+        in a recovery run, from a fresh start or the last whole batch, while
+        it fits the core's budget), so that an epoch is written whole from
+        its touched keys alone. A store with a live-key limit or byte budget
+        never asks: the core's copy of every key is memory its bound does
+        not count."""
+        if self.whole_from is None or self._max_live is not None:
+            return False
+        from millpond import _core
+        return bool(_core.store_carries(self._require_handle()))
 
     def _may_be_whole(self) -> bool:
         """Whether every step with stored rows was read in full, so that
