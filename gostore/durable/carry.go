@@ -1,22 +1,17 @@
 package durable
 
 import (
-	"cmp"
-	"slices"
 	"strings"
 	"sync"
 	"unsafe"
 
 	"github.com/millpond/millpond/gostore/rowbatch"
+	"github.com/millpond/millpond/gostore/snapfile"
 )
 
 // carryRowOverhead is what a carried row costs beside its key and value
 // bytes (its rowbatch.Row), counted against Config.CarryBytes.
 const carryRowOverhead = int64(unsafe.Sizeof(rowbatch.Row{}))
-
-// foldFloor: batches merged since the last fold are folded into the base
-// once they hold more rows than half the base and this many.
-const foldFloor = 4096
 
 // carried is a worker's whole state as of the last batch it wrote, in
 // batch mode, with each key and value copied into memory of the run's own.
@@ -29,9 +24,14 @@ const foldFloor = 4096
 //
 // The state is a base, one row per live key sorted by (step id, key), and
 // the batches written since it was last folded, each sorted, deletions
-// included. A batch costs a sort of its own rows; folding (for a whole
-// batch, or when the batches since outgrow half the base) costs a pass
-// over the base.
+// included, its bytes copied into an arena of its own. A batch costs a
+// sort and a copy of its own rows; folding (for a whole batch, or when the
+// batches since outgrow half the base) a pass over the base's rows, which
+// keep pointing into the arenas they were copied to. Once those hold more
+// than twice the live bytes (keys changed since hold their older values
+// there too), a fold copies the live rows into one new arena. A whole
+// batch is the base as it is, in key order: the segment cutter's sort
+// finds it sorted and its build reads it in order.
 //
 // A run carries a worker's state from the start of a fresh run (the state
 // is empty) or from the worker's last whole batch, and updates it with
@@ -45,16 +45,27 @@ type carried struct {
 	// runs are the batches since the base, oldest first.
 	runs    [][]rowbatch.Row
 	runRows int
-	// bytes counts the step, key and value bytes of base and runs.
-	bytes int64
+	// live counts the key and value bytes of the base's rows; held the
+	// bytes of the arenas base and runs point into.
+	live, held int64
 	// epoch is the last batch's; a second batch of one epoch is merged
 	// but never written whole (a whole batch is its epoch's only one).
 	epoch int64
 	limit int64
+	// foldFloor and compactFloor, for tests.
+	foldFloor, compactFloor int64
 }
 
+// foldFloor: batches merged since the last fold are folded into the base
+// once they hold more rows than half the base and this many.
+const foldFloor = 4096
+
+// compactFloor: arenas are compacted only once they hold this many bytes
+// more than twice the live ones.
+const compactFloor = 1 << 20
+
 func newCarried(ok bool, limit int64) *carried {
-	return &carried{ok: ok && limit > 0, limit: limit}
+	return &carried{ok: ok && limit > 0, limit: limit, foldFloor: foldFloor, compactFloor: compactFloor}
 }
 
 // valid reports whether the worker's whole state is carried.
@@ -62,6 +73,11 @@ func (c *carried) valid() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.ok
+}
+
+// drop empties the state; ok says the empty state is the worker's.
+func (c *carried) drop(ok bool) {
+	c.ok, c.base, c.runs, c.runRows, c.live, c.held = ok, nil, nil, 0, 0, 0
 }
 
 // take updates the carried state with batch b: a whole batch replaces it,
@@ -80,34 +96,43 @@ func (c *carried) take(b rowbatch.Batch, whole bool) (rowbatch.Batch, int) {
 	case c.limit <= 0:
 		return b, -1
 	case b.Whole:
-		c.ok = true
-		c.base, c.runs, c.runRows, c.bytes = nil, nil, 0, 0
+		c.drop(true)
 	case !c.ok:
 		return b, -1
 	}
 	run, size := sortedRun(b.Rows)
 	c.runs = append(c.runs, run)
 	c.runRows += len(run)
-	c.bytes += size
+	c.held += size
 	write := whole && !b.Whole && !again
-	if write || b.Whole || c.runRows > max(len(c.base)/2, foldFloor) {
+	if write || b.Whole || int64(c.runRows) > max(int64(len(c.base)/2), c.foldFloor) {
 		c.fold()
 	}
-	if c.bytes+carryRowOverhead*int64(len(c.base)+c.runRows) > c.limit {
-		c.ok, c.base, c.runs, c.runRows, c.bytes = false, nil, nil, 0, 0
+	if c.held+carryRowOverhead*int64(len(c.base)+c.runRows) > c.limit {
+		c.drop(false)
 		return b, -1
 	}
 	if !write {
 		return b, -1
 	}
-	live := 0
-	rows := make([]rowbatch.Row, 0, len(c.base)+len(b.Rows))
-	rows = append(rows, c.base...)
+	// The batch is the base the fold just made (the next fold makes a
+	// new one), then the deletions.
+	live, dels := 0, 0
 	for i := range run {
 		if run[i].Deleted {
-			rows = append(rows, run[i])
+			dels++
 		} else {
 			live++
+		}
+	}
+	rows := c.base
+	if dels > 0 {
+		rows = make([]rowbatch.Row, len(c.base), len(c.base)+dels)
+		copy(rows, c.base)
+		for i := range run {
+			if run[i].Deleted {
+				rows = append(rows, run[i])
+			}
 		}
 	}
 	return rowbatch.Batch{Epoch: b.Epoch, Rows: rows, Whole: true, Mem: b.Mem}, len(c.base) - live
@@ -125,52 +150,69 @@ func (c *carried) fold() {
 	}
 	c.base = mergeRows(c.base, newer, false)
 	c.runs, c.runRows = nil, 0
-	c.bytes = 0
+	c.live = 0
 	for i := range c.base {
-		c.bytes += int64(len(c.base[i].Key) + len(c.base[i].Value))
+		c.live += int64(len(c.base[i].Key) + len(c.base[i].Value))
+	}
+	if len(c.base) == 0 {
+		c.held = 0
+		return
+	}
+	if c.held > 2*c.live+c.compactFloor {
+		a := arena{buf: make([]byte, 0, c.live)}
+		for i := range c.base {
+			r := &c.base[i]
+			r.Key, r.Value = a.str(r.Key), a.bytes(r.Value)
+		}
+		c.held = int64(cap(a.buf))
 	}
 }
 
 // sortedRun copies batch's rows, sorted by (step id, key), into memory of
 // its own, keeping the last row of a key that appears twice; it returns
-// them and their bytes.
+// them and the bytes of that memory.
 func sortedRun(batch []rowbatch.Row) ([]rowbatch.Row, int64) {
-	order := make([]*rowbatch.Row, len(batch))
 	var size int64
 	for i := range batch {
-		order[i] = &batch[i]
 		size += int64(len(batch[i].StepID) + len(batch[i].Key) + len(batch[i].Value))
 	}
-	slices.SortStableFunc(order, compareRows)
+	order := snapfile.SortedOrder(batch)
 	a := arena{buf: make([]byte, 0, size)}
 	run := make([]rowbatch.Row, 0, len(order))
-	for i, r := range order {
-		if i+1 < len(order) && compareRows(r, order[i+1]) == 0 {
+	for i, at := range order {
+		r := &batch[at]
+		if i+1 < len(order) && compareRows(r, &batch[order[i+1]]) == 0 {
 			continue // superseded by the next
 		}
-		run = append(run, a.row(r, run))
+		out := rowbatch.Row{Key: a.str(r.Key), Deleted: r.Deleted}
+		if n := len(run); n > 0 && run[n-1].StepID == r.StepID {
+			out.StepID = run[n-1].StepID // a step's id is stored once
+		} else {
+			out.StepID = a.str(r.StepID)
+		}
+		if !r.Deleted {
+			out.Value = a.bytes(r.Value)
+		}
+		run = append(run, out)
 	}
-	return run, int64(len(a.buf))
+	return run, int64(cap(a.buf))
 }
 
-// mergeRows merges two sorted runs into a new one, newer's row winning
-// for a key both hold. A deletion in newer drops the key, or stays as a
-// deletion with tombstones set.
+// mergeRows merges two sorted runs into a new array of rows, newer's row
+// winning for a key both hold; the rows keep pointing where they did. A
+// deletion in newer drops the key, or stays as a deletion with tombstones
+// set.
 func mergeRows(older, newer []rowbatch.Row, tombstones bool) []rowbatch.Row {
-	var size int64
-	for _, rows := range [2][]rowbatch.Row{older, newer} {
-		for i := range rows {
-			size += int64(len(rows[i].StepID) + len(rows[i].Key) + len(rows[i].Value))
-		}
-	}
-	a := arena{buf: make([]byte, 0, size)}
 	out := make([]rowbatch.Row, 0, len(older)+len(newer))
 	i, j := 0, 0
 	for i < len(older) || j < len(newer) {
 		var r *rowbatch.Row
 		switch {
 		case j == len(newer):
-			r, i = &older[i], i+1
+			// The rest of older as it is.
+			out = append(out, older[i:]...)
+			i = len(older)
+			continue
 		case i == len(older):
 			r, j = &newer[j], j+1
 		default:
@@ -186,41 +228,30 @@ func mergeRows(older, newer []rowbatch.Row, tombstones bool) []rowbatch.Row {
 		if r.Deleted && !tombstones {
 			continue
 		}
-		out = append(out, a.row(r, out))
+		out = append(out, *r)
 	}
 	return out
 }
 
 // compareRows orders rows by (step id, key).
 func compareRows(a, b *rowbatch.Row) int {
-	if c := strings.Compare(a.StepID, b.StepID); c != 0 {
-		return c
+	if a.StepID != b.StepID {
+		return strings.Compare(a.StepID, b.StepID)
 	}
-	return cmp.Compare(a.Key, b.Key)
+	return strings.Compare(a.Key, b.Key)
 }
 
 // arena holds carried rows' bytes: one allocation sized up front, so the
-// strings and slices into it never move.
+// strings and slices into it never move (were it to grow, what points
+// into its old memory would keep that alive).
 type arena struct {
 	buf []byte
 }
 
-// row copies r into the arena, without its epoch; its step id is the
-// previous row's when they are equal, so a step's id is stored once.
-func (a *arena) row(r *rowbatch.Row, before []rowbatch.Row) rowbatch.Row {
-	var step string
-	if n := len(before); n > 0 && before[n-1].StepID == r.StepID {
-		step = before[n-1].StepID
-	} else {
-		step = a.str(r.StepID)
-	}
-	out := rowbatch.Row{StepID: step, Key: a.str(r.Key), Deleted: r.Deleted}
-	if !r.Deleted {
-		off := len(a.buf)
-		a.buf = append(a.buf, r.Value...)
-		out.Value = a.buf[off:len(a.buf):len(a.buf)]
-	}
-	return out
+func (a *arena) bytes(v []byte) []byte {
+	off := len(a.buf)
+	a.buf = append(a.buf, v...)
+	return a.buf[off:len(a.buf):len(a.buf)]
 }
 
 func (a *arena) str(s string) string {

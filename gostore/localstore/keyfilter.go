@@ -162,6 +162,13 @@ func (f *keyFilter) anyMayHold(step string, keys []string) bool {
 }
 
 func (f *keyFilter) addLocked(a, b uint64) {
+	// A key the filter holds already is not counted again: a flow writes
+	// the same keys epoch after epoch, and counting every write would
+	// grow the filter (and each read's probes) with the rows written
+	// rather than the keys.
+	if f.hasLocked(a, b) {
+		return
+	}
 	last := f.parts[len(f.parts)-1]
 	if last.count >= last.capacity {
 		last = newBloomPart(last.capacity * 2)

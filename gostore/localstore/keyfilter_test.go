@@ -389,3 +389,24 @@ func BenchmarkFilterKeys1M(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*1000), "ns/key")
 }
+
+// Writing the same keys epoch after epoch does not grow the filter: it
+// counts keys, not rows written, so a read's probes stay as few as the
+// keys make them.
+func TestKeyFilterCountsKeysNotWrites(t *testing.T) {
+	f := newKeyFilter(maphash.MakeSeed())
+	rows := make([]rowbatch.Row, 3*filterFirstKeys/4)
+	for i := range rows {
+		rows[i] = rowbatch.Row{StepID: "flow.step", Key: fmt.Sprintf("k%09d", i)}
+	}
+	for epoch := 0; epoch < 10; epoch++ {
+		f.addRows(rows, nil)
+	}
+	require.Len(t, f.parts, 1, "ten writes of %d keys fit the first part", len(rows))
+	f.addRows([]rowbatch.Row{{StepID: "flow.step", Key: "one more"}}, nil)
+	f.ready.Store(true)
+	for i := range rows {
+		require.True(t, f.mayHold("flow.step", rows[i].Key))
+	}
+	assert.True(t, f.mayHold("flow.step", "one more"))
+}

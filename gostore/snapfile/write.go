@@ -232,6 +232,10 @@ func (f *File) FoldRecent(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
+// SortedOrder returns the indexes of rows in (step id, key, epoch) order,
+// rows of one key in the order they come; see sortedOrder.
+func SortedOrder(rows []rowbatch.Row) []int32 { return sortedOrder(rows) }
+
 // sortedOrder returns the indexes of rows in (step, key, epoch) order, ties
 // in arrival order so that the last of duplicate rows is written last and
 // wins. Sorting indexes rather than the rows moves 4 bytes per swap instead
