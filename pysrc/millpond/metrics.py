@@ -355,6 +355,8 @@ class RunCollector(Collector):
              "snapshots copied from the keys' last pickles (untouched since) instead of packed again."),
             ("millpond_snapshot_rows_ahead", "snapshot_rows_ahead", "Rows of this worker's snapshots packed "
              "ahead, right after the key's activation, instead of at the snapshot."),
+            ("millpond_snapshot_rows_carried", "snapshot_rows_carried", "Rows of this worker's whole-state "
+             "snapshots that the Go core took from the state it carries (keys the epoch did not touch)."),
         ):
             per_worker = _counter(name, doc, ["flow", "worker"])
             for w in workers:
