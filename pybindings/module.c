@@ -115,6 +115,9 @@ static PyMethodDef methods[] = {
     {"store_carries", py_store_carries, METH_VARARGS,
      "store_carries(handle) -> bool\n\nWhether the run that owns the store carries its worker's whole state (batch\n"
      "mode, from a fresh start or the last whole batch), so that store_snapshot(whole=2) writes an epoch whole."},
+    {"store_carry_off", py_store_carry_off, METH_VARARGS,
+     "store_carry_off(handle) -> None\n\nMake the run that owns the store drop its worker's carried state and carry none\n"
+     "for the rest of the run (a store bounded in memory)."},
     {"pack_ahead", (PyCFunction)(void (*)(void))py_pack_ahead, METH_FASTCALL,
      "pack_ahead(marks, acct, dumps, protocol, key, obj) -> bool\n\n"
      "Pack key's state now and make the pickle key's mark in marks (a step's touched keys), which the next\n"

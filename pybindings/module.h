@@ -111,6 +111,7 @@ char *mp_pack_snapshot(PyObject *dirty, PyObject *live, PyObject *deleted, PyObj
 PyObject *py_pack_ahead(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 MP_METHOD(store_open);
 MP_METHOD(store_carries);
+MP_METHOD(store_carry_off);
 MP_METHOD(store_close);
 MP_METHOD(store_snapshot);
 MP_METHOD(store_get);

@@ -67,6 +67,8 @@ MP_METHOD(store_carries) {
     return PyBool_FromLong(out);
 }
 
+MP_METHOD(store_carry_off) { return mp_call_handle(args, mp_store_carry_off); }
+
 MP_METHOD(store_get) {
     unsigned long long h;
     const char *step, *key;

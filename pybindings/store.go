@@ -33,6 +33,7 @@ type batchWriter interface {
 type carrier interface {
 	WriteCarried(ctx context.Context, b rowbatch.Batch) (int, int, error)
 	Carries() bool
+	StopCarrying()
 }
 
 // storeHandle is what a store handle holds: the store to read, where its
@@ -265,5 +266,21 @@ func mp_store_gc(h C.uintptr_t, committed C.longlong, removed *C.longlong, errKi
 		return setErr(err, errKind, errMsg)
 	}
 	*removed = C.longlong(n)
+	return 0
+}
+
+// mp_store_carry_off makes the run that owns the store drop its worker's
+// carried state and carry none for the rest of the run (a store bounded in
+// memory). A store of its own carries nothing anyway.
+//
+//export mp_store_carry_off
+func mp_store_carry_off(h C.uintptr_t, errKind *C.int, errMsg **C.char) C.int {
+	sh, err := lookup[*storeHandle](uintptr(h))
+	if err != nil {
+		return setErr(err, errKind, errMsg)
+	}
+	if c, ok := sh.writer.(carrier); ok {
+		c.StopCarrying()
+	}
 	return 0
 }

@@ -75,6 +75,14 @@ func (c *carried) valid() bool {
 	return c.ok
 }
 
+// stop drops the state and carries none from now on.
+func (c *carried) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.limit = 0
+	c.drop(false)
+}
+
 // drop empties the state; ok says the empty state is the worker's.
 func (c *carried) drop(ok bool) {
 	c.ok, c.base, c.runs, c.runRows, c.live, c.held = ok, nil, nil, 0, 0, 0

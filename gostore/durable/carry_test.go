@@ -156,6 +156,24 @@ func TestWriteCarriedWithoutACarriedState(t *testing.T) {
 			require.NoError(t, run.Finish(false))
 		}
 	})
+	t.Run("stopped", func(t *testing.T) {
+		h := newHarness(t)
+		run, _ := h.open(h.config(1))
+		assert.Equal(t, []int{0}, h.carriedEpoch(run, 1, 1, rows(10, "a"), true))
+		run.Worker(0).StopCarrying()
+		assert.False(t, run.Carries(0))
+		assert.Equal(t, []int{-1}, h.carriedEpoch(run, 1, 2, rows(5, "b"), true))
+		// A whole batch does not start carrying again.
+		whole := rows(10, "c")
+		_, err := run.Write(ctx, 0, rowbatch.NewBatch(3, whole, true))
+		require.NoError(t, err)
+		h.m.apply(whole)
+		h.hist.record(3, h.m)
+		require.NoError(t, run.CloseEpoch(0, 3))
+		assert.False(t, run.Carries(0))
+		require.NoError(t, run.Finish(false))
+		requireModel(t, h.m, stateOf(t, run, 1, h.kgc))
+	})
 	t.Run("past the budget", func(t *testing.T) {
 		h := newHarness(t)
 		run, _ := h.open(h.config(1, func(c *durable.Config) { c.CarryBytes = 4096 }))

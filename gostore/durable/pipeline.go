@@ -76,18 +76,27 @@ func (r *Run) Carries(w int) bool {
 	return r.carry[w].valid()
 }
 
+// StopCarrying drops worker w's carried state and carries none for the
+// rest of the run: for a worker whose state is bounded in memory, which a
+// copy in the run would make a bound on nothing.
+func (r *Run) StopCarrying(w int) {
+	if r.checkHosted(w) == nil && r.carry[w] != nil {
+		r.carry[w].stop()
+	}
+}
+
 func (r *Run) write(w int, b rowbatch.Batch, whole bool) (int, int, error) {
 	if err := r.checkHosted(w); err != nil {
 		b.Release()
-		return 0, 0, err
+		return 0, -1, err
 	}
 	if err := r.Err(); err != nil {
 		b.Release()
-		return 0, 0, err
+		return 0, -1, err
 	}
 	if r.pipes == nil {
 		b.Release()
-		return 0, 0, errNotRunning
+		return 0, -1, errNotRunning
 	}
 	carried := -1
 	if c := r.carry[w]; c != nil {

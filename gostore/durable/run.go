@@ -410,6 +410,9 @@ func (w *Worker) WriteCarried(ctx context.Context, b rowbatch.Batch) (int, int, 
 // Carries is Run.Carries for this worker.
 func (w *Worker) Carries() bool { return w.run.Carries(w.index) }
 
+// StopCarrying is Run.StopCarrying for this worker.
+func (w *Worker) StopCarrying() { w.run.StopCarrying(w.index) }
+
 // Start launches the background pipeline. Call it after every worker was
 // restored.
 //

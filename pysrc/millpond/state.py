@@ -630,6 +630,8 @@ class StateStore(_LiveState):
         #: snapshot of this store.
         self.last_snapshot_carried = -1
         self.snapshot_rows_carried = 0
+        # Whether the core was told to carry nothing (a bounded store).
+        self._carry_stopped = False
         # With whole_from set: each key's last pickle, per step, kept while
         # the key is not touched (see snapshot), and the bytes they hold.
         self._packed: dict[str, dict[str, bytes]] = {}
@@ -765,6 +767,11 @@ class StateStore(_LiveState):
             # So are pickles packed ahead.
             self._forget_packed()
             self._ahead = {}
+            # So is the core's copy of the state, carried for whole epochs.
+            if not self._carry_stopped and self._handle is not None:
+                from millpond import _core
+                _core.store_carry_off(self._handle)
+                self._carry_stopped = True
 
     def _measure_budget(self, epoch: int, total: int) -> None:
         """Estimate a key's bytes again, if the epoch changed, the live keys
