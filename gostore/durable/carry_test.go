@@ -44,6 +44,17 @@ func (h *harness) carriedEpoch(run *durable.Run, workers int, e int64, rows []ro
 	return carried
 }
 
+// flowWholeEpoch writes rows as worker 0's whole state at epoch e, as the
+// flow does when the run carries nothing, and closes the epoch.
+func (h *harness) flowWholeEpoch(run *durable.Run, e int64, rows []rowbatch.Row) {
+	h.t.Helper()
+	_, err := run.Write(context.Background(), 0, rowbatch.NewBatch(e, rows, true))
+	require.NoError(h.t, err)
+	h.m.apply(rows)
+	h.hist.record(e, h.m)
+	require.NoError(h.t, run.CloseEpoch(0, e))
+}
+
 // randomRows changes a random share of keys 0..keys-1 (of two steps),
 // deleting some, and repeats one key now and then (its last row wins).
 func randomRows(rng *rand.Rand, keys int, e int64) []rowbatch.Row {
@@ -164,12 +175,7 @@ func TestWriteCarriedWithoutACarriedState(t *testing.T) {
 		assert.False(t, run.Carries(0))
 		assert.Equal(t, []int{-1}, h.carriedEpoch(run, 1, 2, rows(5, "b"), true))
 		// A whole batch does not start carrying again.
-		whole := rows(10, "c")
-		_, err := run.Write(ctx, 0, rowbatch.NewBatch(3, whole, true))
-		require.NoError(t, err)
-		h.m.apply(whole)
-		h.hist.record(3, h.m)
-		require.NoError(t, run.CloseEpoch(0, 3))
+		h.flowWholeEpoch(run, 3, rows(10, "c"))
 		assert.False(t, run.Carries(0))
 		require.NoError(t, run.Finish(false))
 		requireModel(t, h.m, stateOf(t, run, 1, h.kgc))
@@ -196,12 +202,7 @@ func TestWriteCarriedWithoutACarriedState(t *testing.T) {
 		assert.False(t, again.Carries(0))
 		assert.Equal(t, []int{-1}, h.carriedEpoch(again, 1, 2, rows(5, "b"), true))
 		// A whole batch (the flow's, every key) starts carrying again.
-		whole := rows(20, "c")
-		_, err := again.Write(ctx, 0, rowbatch.NewBatch(3, whole, true))
-		require.NoError(t, err)
-		h.m.apply(whole)
-		h.hist.record(3, h.m)
-		require.NoError(t, again.CloseEpoch(0, 3))
+		h.flowWholeEpoch(again, 3, rows(20, "c"))
 		assert.True(t, again.Carries(0))
 		assert.Equal(t, []int{15}, h.carriedEpoch(again, 1, 4, rows(5, "d"), true), "15 of 20 keys carried")
 		require.NoError(t, again.Finish(false))

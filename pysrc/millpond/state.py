@@ -1065,12 +1065,13 @@ class StateStore(_LiveState):
         self.snapshot_rows += written
         self.snapshot_rows_copied += self.last_snapshot_reused
         self.snapshot_rows_ahead += self.last_snapshot_ahead
-        self.snapshot_rows_carried += max(0, self.last_snapshot_carried)
+        carried = max(0, self.last_snapshot_carried)
+        self.snapshot_rows_carried += carried
         # Rows written from pickles made before (kept, or packed ahead)
         # cost a copy each, rows the core carried nothing here; the rest
         # tell what packing a row costs.
         copied = self.last_snapshot_reused + self.last_snapshot_ahead
-        packed = written - max(0, self.last_snapshot_carried) - copied
+        packed = written - carried - copied
         if packed >= _PACK_COST_SAMPLE:
             self._pack_cost = max(0.0, pack_s - copied * _COPY_SECONDS) / packed
         # Keys written by this store stay live unless evicted (which marks
@@ -1086,8 +1087,8 @@ class StateStore(_LiveState):
         in a recovery run, from a fresh start or the last whole batch, while
         it fits the core's budget), so that an epoch is written whole from
         its touched keys alone. A store with a live-key limit or byte budget
-        never asks: the core's copy of every key is memory its bound does
-        not count."""
+        never asks (and tells the core to carry nothing, see _apply_caps):
+        the core's copy of every key is memory its bound does not count."""
         if self.whole_from is None or self._max_live is not None:
             return False
         from millpond import _core
