@@ -37,9 +37,9 @@ def _step(state: Any, value: int) -> Tuple[Any, Any]:
     return total, total
 
 
-def _flow(items: List[Any], out: List[Any]) -> Dataflow:
+def _flow(items: List[Any], out: List[Any], batch_size: int = PER_EPOCH) -> Dataflow:
     flow = Dataflow("carried")
-    s = op.input("inp", flow, TestingSource(items, batch_size=PER_EPOCH))
+    s = op.input("inp", flow, TestingSource(items, batch_size=batch_size))
     s = op.stateful_map("count", s, _step)
     op.output("out", s, TestingSink(out))
     return flow
@@ -75,13 +75,14 @@ def snapshots(monkeypatch: pytest.MonkeyPatch) -> List[Tuple[int, bool, int, boo
     return seen
 
 
-def _run(tmp_path, items: List[Any], workers: List[int], **kw: Any) -> List[List[Any]]:
+def _run(tmp_path, items: List[Any], workers: List[int], batch_size: int = PER_EPOCH,
+         **kw: Any) -> List[List[Any]]:
     state = tmp_path / "state"
     state.mkdir(exist_ok=True)
     cfg = RecoveryConfig(state, backup=DirBackup(tmp_path / "backup"), snapshot_mode=SnapshotMode.BATCH, **kw)
     out: List[Any] = []
     probes = [(f"k{i}", 1) for i in range(KEYS)]
-    flow = _flow(items + [TestingSource.EOF()] + probes, out)
+    flow = _flow(items + [TestingSource.EOF()] + probes, out, batch_size)
     runs = []
     for w in workers:
         start = len(out)
@@ -123,3 +124,49 @@ def test_a_bounded_store_asks_the_core_to_carry_nothing(tmp_path, snapshots, bou
     state, outs = _expected(data)
     assert sorted(map(repr, runs[0][: len(outs)])) == sorted(map(repr, outs))
     assert snapshots and all(c == -1 and not carries for c, _, _, carries in snapshots), snapshots[:3]
+
+
+def _full_and_partial(epochs: int) -> List[Tuple[str, int]]:
+    """Batches of KEYS items: every third one touches every key, the others
+    PER_EPOCH distinct keys (the rest repeats); some keys are discarded."""
+    out = []
+    for e in range(epochs):
+        distinct = KEYS if e % 3 == 0 else PER_EPOCH
+        out += [(f"k{(e * 31 + i % distinct) % KEYS}", 0 if (e + i) % 11 == 10 else 1 + (e + i) % 3)
+                for i in range(KEYS)]
+    return out
+
+
+@pytest.mark.parametrize("workers", [[1, 1], [1, 2]], ids=["1-1", "1-2"])
+def test_an_epoch_that_touches_every_key_is_packed_whole_and_carried_from(
+        tmp_path, snapshots, monkeypatch, workers):
+    # An epoch that left no key untouched packs them all (nothing to merge:
+    # StateStore._packs_rest); the core carries that batch as it is, and
+    # the next epoch, which touched fewer, is merged into it.
+    monkeypatch.setattr("millpond.state._PACK_COST_SAMPLE", 10**9)  # no cost measured: merge when keys are left
+    data = _full_and_partial(9)
+    cut = KEYS * 6 + 40  # after a whole epoch and a carried one, mid-batch
+    items = data[:cut] + [TestingSource.ABORT()] + data[cut:]
+    runs = _run(tmp_path, items, workers + [1], batch_size=KEYS)
+    state, outs = _expected(data)
+    assert dict(runs[-1]) == {f"k{i}": state.get(f"k{i}", 0) + 1 for i in range(KEYS)}, (
+        "the probes read the uninterrupted run's final state")
+    assert set(map(repr, runs[0] + runs[1])) == set(map(repr, outs)), "every output, none wrong"
+    first = [s for s in snapshots[:8]]
+    packed = [i for i, (c, whole, _, carries) in enumerate(first) if c == -1 and whole and carries]
+    assert packed, f"an epoch touching every key is packed whole, and the core carries it: {first}"
+    assert any(first[i + 1][0] > 0 for i in packed if i + 1 < len(first)), (
+        f"the epoch after it is merged into the batch the core kept: {first}")
+
+
+def test_packing_the_untouched_keys_when_it_costs_less_than_the_merge(tmp_path, snapshots, monkeypatch):
+    # States that pack in far less than the core's merge costs a carried
+    # row: an epoch to be written whole packs the keys it left untouched.
+    monkeypatch.setattr("millpond.state._PACK_COST_SAMPLE", 1)
+    monkeypatch.setattr("millpond.state._CARRY_SECONDS", 1.0)
+    data = _data(8)
+    runs = _run(tmp_path, data, [1, 1])
+    state, outs = _expected(data)
+    assert dict(runs[1]) == {f"k{i}": state.get(f"k{i}", 0) + 1 for i in range(KEYS)}
+    later = snapshots[2:8]
+    assert later and all(c == -1 and whole and carries for c, whole, _, carries in later), later

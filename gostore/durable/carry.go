@@ -37,11 +37,26 @@ const carryRowOverhead = int64(unsafe.Sizeof(rowbatch.Row{}))
 // is empty) or from the worker's last whole batch, and updates it with
 // every batch after that. It stops carrying when the state outgrows
 // Config.CarryBytes; a whole batch within it starts again.
+//
+// A whole batch the flow packed itself is kept as it came (its rows, their
+// bytes still in its memory, held) until a batch that is not whole needs
+// it as the base: a flow whose epochs touch nearly every key, written
+// whole epoch after epoch, costs no sort and no copy of its keys here (the
+// segment cutter sorts each batch anyway). Step ids are interned, so that
+// comparing the rows of a base and a batch compares their step ids'
+// pointers, not their bytes.
 type carried struct {
 	mu sync.Mutex
-	// ok says base and runs are the worker's whole state.
+	// ok says base (or whole) and runs are the worker's whole state.
 	ok   bool
 	base []rowbatch.Row
+	// whole, while unsorted is set, is the last whole batch's rows, in its
+	// order, aliasing wholeMem; base and runs are then empty (settle).
+	whole    []rowbatch.Row
+	unsorted bool
+	wholeMem rowbatch.Batch
+	// steps interns step ids: one string for each.
+	steps map[string]string
 	// runs are the batches since the base, oldest first.
 	runs    [][]rowbatch.Row
 	runRows int
@@ -65,7 +80,10 @@ const foldFloor = 4096
 const compactFloor = 1 << 20
 
 func newCarried(ok bool, limit int64) *carried {
-	return &carried{ok: ok && limit > 0, limit: limit, foldFloor: foldFloor, compactFloor: compactFloor}
+	return &carried{
+		ok: ok && limit > 0, limit: limit, foldFloor: foldFloor, compactFloor: compactFloor,
+		steps: map[string]string{},
+	}
 }
 
 // valid reports whether the worker's whole state is carried.
@@ -86,6 +104,57 @@ func (c *carried) stop() {
 // drop empties the state; ok says the empty state is the worker's.
 func (c *carried) drop(ok bool) {
 	c.ok, c.base, c.runs, c.runRows, c.live, c.held = ok, nil, nil, 0, 0, 0
+	c.releaseWhole()
+}
+
+// releaseWhole lets go of a whole batch kept unsorted.
+func (c *carried) releaseWhole() {
+	if c.unsorted {
+		c.wholeMem.Release()
+	}
+	c.whole, c.unsorted, c.wholeMem = nil, false, rowbatch.Batch{}
+}
+
+// adopt makes whole batch b the state, kept as it is until settle needs
+// it sorted: its rows are copied (their readers downstream may stamp or
+// reorder b's), its memory held.
+func (c *carried) adopt(b rowbatch.Batch) {
+	c.drop(true)
+	var size int64
+	for i := range b.Rows {
+		size += int64(len(b.Rows[i].Key) + len(b.Rows[i].Value))
+	}
+	if size+carryRowOverhead*int64(len(b.Rows)) > c.limit {
+		c.drop(false)
+		return
+	}
+	c.whole = append(make([]rowbatch.Row, 0, len(b.Rows)), b.Rows...)
+	c.unsorted, c.wholeMem, c.held = true, b.Hold(), size
+}
+
+// settle turns a whole batch kept unsorted into the base: sorted, a row
+// per live key, its bytes copied into an arena of the state's own.
+func (c *carried) settle() {
+	if !c.unsorted {
+		return
+	}
+	run, size := c.sortedRun(c.whole)
+	c.releaseWhole()
+	c.base, c.held = mergeRows(nil, run, false), size
+	c.live = 0
+	for i := range c.base {
+		c.live += int64(len(c.base[i].Key) + len(c.base[i].Value))
+	}
+}
+
+// intern returns the state's one string equal to step.
+func (c *carried) intern(step string) string {
+	if s, ok := c.steps[step]; ok {
+		return s
+	}
+	s := strings.Clone(step)
+	c.steps[s] = s
+	return s
 }
 
 // take updates the carried state with batch b: a whole batch replaces it,
@@ -104,16 +173,18 @@ func (c *carried) take(b rowbatch.Batch, whole bool) (rowbatch.Batch, int) {
 	case c.limit <= 0:
 		return b, -1
 	case b.Whole:
-		c.drop(true)
+		c.adopt(b)
+		return b, -1
 	case !c.ok:
 		return b, -1
 	}
-	run, size := sortedRun(b.Rows)
+	c.settle()
+	run, size := c.sortedRun(b.Rows)
 	c.runs = append(c.runs, run)
 	c.runRows += len(run)
 	c.held += size
-	write := whole && !b.Whole && !again
-	if write || b.Whole || int64(c.runRows) > max(int64(len(c.base)/2), c.foldFloor) {
+	write := whole && !again
+	if write || int64(c.runRows) > max(int64(len(c.base)/2), c.foldFloor) {
 		c.fold()
 	}
 	if c.held+carryRowOverhead*int64(len(c.base)+c.runRows) > c.limit {
@@ -179,10 +250,10 @@ func (c *carried) fold() {
 // sortedRun copies batch's rows, sorted by (step id, key), into memory of
 // its own, keeping the last row of a key that appears twice; it returns
 // them and the bytes of that memory.
-func sortedRun(batch []rowbatch.Row) ([]rowbatch.Row, int64) {
+func (c *carried) sortedRun(batch []rowbatch.Row) ([]rowbatch.Row, int64) {
 	var size int64
 	for i := range batch {
-		size += int64(len(batch[i].StepID) + len(batch[i].Key) + len(batch[i].Value))
+		size += int64(len(batch[i].Key) + len(batch[i].Value))
 	}
 	order := snapfile.SortedOrder(batch)
 	a := arena{buf: make([]byte, 0, size)}
@@ -194,9 +265,9 @@ func sortedRun(batch []rowbatch.Row) ([]rowbatch.Row, int64) {
 		}
 		out := rowbatch.Row{Key: a.str(r.Key), Deleted: r.Deleted}
 		if n := len(run); n > 0 && run[n-1].StepID == r.StepID {
-			out.StepID = run[n-1].StepID // a step's id is stored once
+			out.StepID = run[n-1].StepID
 		} else {
-			out.StepID = a.str(r.StepID)
+			out.StepID = c.intern(r.StepID)
 		}
 		if !r.Deleted {
 			out.Value = a.bytes(r.Value)

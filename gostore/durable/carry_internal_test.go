@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -14,14 +15,20 @@ import (
 // the batches make: at random shares of keys changed and deleted, keys
 // repeated in a batch, whole batches from the flow, epochs with a second
 // batch, and with folds and arena compactions on every batch or never.
+// With batches in memory of their own (as the C packer's are), each is
+// released as soon as it is written, its bytes overwritten then: the state
+// never reads a batch's memory it does not hold, and lets go of every one.
 func TestCarriedStateMatchesTheBatches(t *testing.T) {
 	for _, c := range []struct {
 		name                    string
 		foldFloor, compactFloor int64
+		backed                  bool
 	}{
-		{"defaults", foldFloor, compactFloor},
-		{"fold and compact every batch", 0, 0},
-		{"fold every batch", 0, 1 << 40},
+		{"defaults", foldFloor, compactFloor, false},
+		{"fold and compact every batch", 0, 0, false},
+		{"fold every batch", 0, 1 << 40, false},
+		{"batches in memory of their own", foldFloor, compactFloor, true},
+		{"batches in memory of their own, compact every batch", 0, 0, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for seed := int64(1); seed <= 20; seed++ {
@@ -30,39 +37,87 @@ func TestCarriedStateMatchesTheBatches(t *testing.T) {
 				carry.foldFloor, carry.compactFloor = c.foldFloor, c.compactFloor
 				want := map[[2]string]string{}
 				keys := 50 + rng.Intn(400)
-				for e := int64(1); e <= 40; e++ {
+				made, freed := 0, 0
+				batch := func(e int64) rowbatch.Batch {
 					b := randomBatch(rng, e, keys, want)
+					if c.backed {
+						made++
+						b = inMemoryOfItsOwn(b, &freed)
+					}
+					return b
+				}
+				for e := int64(1); e <= 40; e++ {
+					b := batch(e)
 					asked := rng.Intn(3) > 0
 					out, added := carry.take(b, asked)
-					second := rng.Intn(8) == 0
-					if second {
-						extra := randomBatch(rng, e, keys, want)
-						_, again := carry.take(extra, true)
-						require.Equal(t, -1, again, "seed %d epoch %d: a second batch is not written whole", seed, e)
-					}
-					if !asked || b.Whole {
-						require.Equal(t, -1, added)
-						continue
-					}
-					require.True(t, out.Whole)
+					wrote := asked && !b.Whole
 					got := map[[2]string]string{}
 					for _, r := range out.Rows {
-						if r.Deleted {
+						if r.Deleted || !wrote {
 							continue
 						}
 						_, dup := got[[2]string{r.StepID, r.Key}]
 						require.False(t, dup, "seed %d epoch %d: key %q twice", seed, e, r.Key)
 						got[[2]string{r.StepID, r.Key}] = string(r.Value)
 					}
+					// (the readers are done with the batch)
+					out.Release()
+					second := rng.Intn(8) == 0
+					if second {
+						extra := batch(e)
+						again, no := carry.take(extra, true)
+						again.Release()
+						require.Equal(t, -1, no, "seed %d epoch %d: a second batch is not written whole", seed, e)
+					}
+					if !wrote {
+						require.Equal(t, -1, added)
+						continue
+					}
+					require.True(t, out.Whole)
 					if second {
 						// (the whole batch was written before the second one)
 						continue
 					}
 					require.Equal(t, want, got, "seed %d epoch %d", seed, e)
 				}
+				carry.stop()
+				require.Equal(t, made, freed, "seed %d: every batch's memory is let go", seed)
 			}
 		})
 	}
+}
+
+// inMemoryOfItsOwn copies b's rows' bytes into one buffer they alias, and
+// gives b that buffer as its memory: freeing it overwrites the bytes (as
+// reading freed C memory would find anything) and counts in freed.
+func inMemoryOfItsOwn(b rowbatch.Batch, freed *int) rowbatch.Batch {
+	var n int
+	for _, r := range b.Rows {
+		n += len(r.StepID) + len(r.Key) + len(r.Value)
+	}
+	buf := make([]byte, 0, n)
+	str := func(s string) string {
+		if s == "" {
+			return ""
+		}
+		buf = append(buf, s...)
+		return unsafe.String(&buf[len(buf)-len(s)], len(s))
+	}
+	rows := make([]rowbatch.Row, len(b.Rows))
+	for i, r := range b.Rows {
+		rows[i] = rowbatch.Row{StepID: str(r.StepID), Key: str(r.Key), Epoch: r.Epoch, Deleted: r.Deleted}
+		if !r.Deleted {
+			rows[i].Value = []byte(str(string(r.Value)))[:len(r.Value):len(r.Value)]
+		}
+	}
+	b.Rows = rows
+	b.Mem = rowbatch.NewMemory(func() {
+		for i := range buf {
+			buf[i] = '#'
+		}
+		*freed++
+	})
+	return b
 }
 
 // randomBatch changes and deletes random keys of two steps, now and then

@@ -66,6 +66,13 @@ _KEEP_FROM_PACK_SECONDS = 1.0e-6
 _COPY_SECONDS = 0.5e-6
 # Rows a snapshot must pack for its time to tell what a row costs.
 _PACK_COST_SAMPLE = 256
+# What the Go core's merge of a batch into the state it carries costs, a
+# carried row (sorting the batch, a pass over every row; 0.15-0.4 us
+# measured, docs/benchmarks.md). An epoch written whole packs its untouched
+# keys too, rather than having the core merge, when packing them costs less
+# (StateStore._packs_rest): a word count over a small vocabulary touches
+# nearly every key each epoch, and its states pack in well under 1 us.
+_CARRY_SECONDS = 0.3e-6
 
 #: The most a store keeps of its keys' last pickles in batch mode (see
 #: :meth:`StateStore.snapshot`), counting about 64 bytes of overhead each:
@@ -1047,11 +1054,18 @@ class StateStore(_LiveState):
         if self._carried():
             # The core merges the touched keys into the state it carries:
             # nothing untouched is handed over, so nothing is kept for it.
+            # Or, when that costs it more than packing the few keys left
+            # untouched costs here, the epoch is packed whole, which the core
+            # then carries as it is.
             if self._packed:
                 self._forget_packed()
-            written, pack_s, write_s = self._write(
-                epoch, self._dirty, marked=packed_ahead > 0, carried=self._is_whole(live_keys, touched))
-            whole = self.last_snapshot_carried >= 0
+            if self._packs_rest(live_keys, touched):
+                written, pack_s, write_s = self._write(epoch, self._dirty, True, marked=packed_ahead > 0)
+                whole = True
+            else:
+                written, pack_s, write_s = self._write(
+                    epoch, self._dirty, marked=packed_ahead > 0, carried=self._is_whole(live_keys, touched))
+                whole = self.last_snapshot_carried >= 0
         else:
             may_be_whole = self._may_be_whole()
             keep = self._keeps_pickles(may_be_whole, live_keys, touched)
@@ -1093,6 +1107,22 @@ class StateStore(_LiveState):
             return False
         from millpond import _core
         return bool(_core.store_carries(self._require_handle()))
+
+    def _packs_rest(self, live_keys: int, touched: int) -> bool:
+        """Whether an epoch to be written whole (:meth:`_is_whole`) while the
+        core carries the state packs every live key, the untouched ones too,
+        instead of handing over the touched ones for the core to merge:
+        when packing the untouched ones, at this store's measured cost a
+        row, costs less than the core's pass over every carried row
+        (_CARRY_SECONDS), or when there are none. Until a snapshot measured
+        the cost, the core merges."""
+        if not self._is_whole(live_keys, touched) or not self._may_be_whole():
+            return False
+        untouched = max(0, live_keys - touched)
+        if untouched == 0:
+            return True
+        cost = self._pack_cost
+        return cost is not None and untouched * cost < live_keys * _CARRY_SECONDS
 
     def _may_be_whole(self) -> bool:
         """Whether every step with stored rows was read in full, so that
