@@ -570,6 +570,12 @@ func (r *Run) Finish(aborted bool) error {
 	}
 	r.dropHandoffs()
 	r.releaseAllHeld()
+	// (a whole batch a carried state kept holds the flow's memory)
+	for _, c := range r.carry {
+		if c != nil {
+			c.stop()
+		}
+	}
 	var err error
 	if r.leads() {
 		err = r.finishCommits(aborted)
