@@ -107,7 +107,8 @@ func inMemoryOfItsOwn(b rowbatch.Batch, freed *int) rowbatch.Batch {
 	for i, r := range b.Rows {
 		rows[i] = rowbatch.Row{StepID: str(r.StepID), Key: str(r.Key), Epoch: r.Epoch, Deleted: r.Deleted}
 		if !r.Deleted {
-			rows[i].Value = []byte(str(string(r.Value)))[:len(r.Value):len(r.Value)]
+			v := str(string(r.Value))
+			rows[i].Value = unsafe.Slice(unsafe.StringData(v), len(v))
 		}
 	}
 	b.Rows = rows
