@@ -9,27 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/millpond/millpond/gostore/durable"
-	"github.com/millpond/millpond/gostore/rowbatch"
 )
-
-// packed returns rows as a batch that owns the buffer they alias, as the
-// bindings hand one over: the buffer is overwritten when the batch's last
-// holder releases it, so a row read after that is garbage and shows up in
-// the state; freed counts the releases.
-func packed(t *testing.T, epoch int64, rows []rowbatch.Row, whole bool, freed *atomic.Int64) rowbatch.Batch {
-	t.Helper()
-	buf := rowbatch.Encode(rows)
-	decoded, err := rowbatch.Decode(buf, epoch)
-	require.NoError(t, err)
-	b := rowbatch.NewBatch(epoch, decoded, whole)
-	b.Mem = rowbatch.NewMemory(func() {
-		for i := range buf {
-			buf[i] = 0xEE
-		}
-		freed.Add(1)
-	})
-	return b
-}
 
 // A run reads the rows it was handed until every part of the pipeline is
 // done with them (local store writes, segments, held deletions, staged
@@ -55,7 +35,7 @@ func TestBatchMemoryIsFreedOnceAfterEveryReader(t *testing.T) {
 				}
 				parts := route(rows, workers, h.kgc)
 				for w := 0; w < workers; w++ {
-					_, err := run.Write(ctx, w, packed(t, e, parts[w], whole, &freed))
+					_, err := run.Write(ctx, w, durable.Packed(t, e, parts[w], whole, &freed))
 					require.NoError(t, err)
 					batches++
 				}
@@ -89,7 +69,7 @@ func TestBatchMemoryIsFreedWhenTheRunStopsMidEpoch(t *testing.T) {
 	run, _ := h.open(h.config(1))
 	var freed atomic.Int64
 	rows := append(rowsOf([]string{"a", "b"}, "1", false), rowsOf([]string{"c"}, "", true)...)
-	_, err := run.Write(ctx, 0, packed(t, 1, rows, true, &freed))
+	_, err := run.Write(ctx, 0, durable.Packed(t, 1, rows, true, &freed))
 	require.NoError(t, err)
 	require.NoError(t, run.Finish(true))
 	require.NoError(t, run.Close())

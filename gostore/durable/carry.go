@@ -50,10 +50,9 @@ type carried struct {
 	// ok says base (or whole) and runs are the worker's whole state.
 	ok   bool
 	base []rowbatch.Row
-	// whole, while unsorted is set, is the last whole batch's rows, in its
-	// order, aliasing wholeMem; base and runs are then empty (settle).
+	// whole, when not nil, is the last whole batch's rows, in its order,
+	// aliasing wholeMem; base and runs are then empty (settle).
 	whole    []rowbatch.Row
-	unsorted bool
 	wholeMem rowbatch.Batch
 	// steps interns step ids: one string for each.
 	steps map[string]string
@@ -109,10 +108,10 @@ func (c *carried) drop(ok bool) {
 
 // releaseWhole lets go of a whole batch kept unsorted.
 func (c *carried) releaseWhole() {
-	if c.unsorted {
+	if c.whole != nil {
 		c.wholeMem.Release()
 	}
-	c.whole, c.unsorted, c.wholeMem = nil, false, rowbatch.Batch{}
+	c.whole, c.wholeMem = nil, rowbatch.Batch{}
 }
 
 // adopt makes whole batch b the state, kept as it is until settle needs
@@ -128,23 +127,22 @@ func (c *carried) adopt(b rowbatch.Batch) {
 		c.drop(false)
 		return
 	}
+	// (not nil even for a batch without rows)
 	c.whole = append(make([]rowbatch.Row, 0, len(b.Rows)), b.Rows...)
-	c.unsorted, c.wholeMem, c.held = true, b.Hold(), size
+	c.wholeMem, c.held = b.Hold(), size
 }
 
 // settle turns a whole batch kept unsorted into the base: sorted, a row
 // per live key, its bytes copied into an arena of the state's own.
 func (c *carried) settle() {
-	if !c.unsorted {
+	if c.whole == nil {
 		return
 	}
 	run, size := c.sortedRun(c.whole)
 	c.releaseWhole()
-	c.base, c.held = mergeRows(nil, run, false), size
-	c.live = 0
-	for i := range c.base {
-		c.live += int64(len(c.base[i].Key) + len(c.base[i].Value))
-	}
+	// (folded into the empty base: its deletions go, live is counted)
+	c.runs, c.runRows, c.held = [][]rowbatch.Row{run}, len(run), size
+	c.fold()
 }
 
 // intern returns the state's one string equal to step.

@@ -3,8 +3,8 @@ package durable
 import (
 	"fmt"
 	"math/rand"
+	"sync/atomic"
 	"testing"
-	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -37,12 +37,13 @@ func TestCarriedStateMatchesTheBatches(t *testing.T) {
 				carry.foldFloor, carry.compactFloor = c.foldFloor, c.compactFloor
 				want := map[[2]string]string{}
 				keys := 50 + rng.Intn(400)
-				made, freed := 0, 0
+				var made int64
+				var freed atomic.Int64
 				batch := func(e int64) rowbatch.Batch {
 					b := randomBatch(rng, e, keys, want)
 					if c.backed {
 						made++
-						b = inMemoryOfItsOwn(b, &freed)
+						b = Packed(t, e, b.Rows, b.Whole, &freed)
 					}
 					return b
 				}
@@ -81,44 +82,10 @@ func TestCarriedStateMatchesTheBatches(t *testing.T) {
 					require.Equal(t, want, got, "seed %d epoch %d", seed, e)
 				}
 				carry.stop()
-				require.Equal(t, made, freed, "seed %d: every batch's memory is let go", seed)
+				require.Equal(t, made, freed.Load(), "seed %d: every batch's memory is let go", seed)
 			}
 		})
 	}
-}
-
-// inMemoryOfItsOwn copies b's rows' bytes into one buffer they alias, and
-// gives b that buffer as its memory: freeing it overwrites the bytes (as
-// reading freed C memory would find anything) and counts in freed.
-func inMemoryOfItsOwn(b rowbatch.Batch, freed *int) rowbatch.Batch {
-	var n int
-	for _, r := range b.Rows {
-		n += len(r.StepID) + len(r.Key) + len(r.Value)
-	}
-	buf := make([]byte, 0, n)
-	str := func(s string) string {
-		if s == "" {
-			return ""
-		}
-		buf = append(buf, s...)
-		return unsafe.String(&buf[len(buf)-len(s)], len(s))
-	}
-	rows := make([]rowbatch.Row, len(b.Rows))
-	for i, r := range b.Rows {
-		rows[i] = rowbatch.Row{StepID: str(r.StepID), Key: str(r.Key), Epoch: r.Epoch, Deleted: r.Deleted}
-		if !r.Deleted {
-			v := str(string(r.Value))
-			rows[i].Value = unsafe.Slice(unsafe.StringData(v), len(v))
-		}
-	}
-	b.Rows = rows
-	b.Mem = rowbatch.NewMemory(func() {
-		for i := range buf {
-			buf[i] = '#'
-		}
-		*freed++
-	})
-	return b
 }
 
 // randomBatch changes and deletes random keys of two steps, now and then

@@ -5,6 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/millpond/millpond/gostore/rowbatch"
 
 	"github.com/millpond/millpond/gostore/backup"
 )
@@ -94,4 +100,23 @@ func CompactionRound(r *Run) (id, epoch int64) {
 		return 0, 0
 	}
 	return r.round.id, r.round.epoch
+}
+
+// Packed returns rows as a batch that owns the buffer they alias, as the
+// bindings hand one over: the buffer is overwritten when the batch's last
+// holder releases it, so a row read after that is garbage and shows up in
+// the state; freed counts the releases.
+func Packed(t testing.TB, epoch int64, rows []rowbatch.Row, whole bool, freed *atomic.Int64) rowbatch.Batch {
+	t.Helper()
+	buf := rowbatch.Encode(rows)
+	decoded, err := rowbatch.Decode(buf, epoch)
+	require.NoError(t, err)
+	b := rowbatch.NewBatch(epoch, decoded, whole)
+	b.Mem = rowbatch.NewMemory(func() {
+		for i := range buf {
+			buf[i] = 0xEE
+		}
+		freed.Add(1)
+	})
+	return b
 }

@@ -1059,12 +1059,13 @@ class StateStore(_LiveState):
             # then carries as it is.
             if self._packed:
                 self._forget_packed()
-            if self._packs_rest(live_keys, touched):
+            wanted = self._is_whole(live_keys, touched)
+            if wanted and self._packs_rest(live_keys, touched):
                 written, pack_s, write_s = self._write(epoch, self._dirty, True, marked=packed_ahead > 0)
                 whole = True
             else:
                 written, pack_s, write_s = self._write(
-                    epoch, self._dirty, marked=packed_ahead > 0, carried=self._is_whole(live_keys, touched))
+                    epoch, self._dirty, marked=packed_ahead > 0, carried=wanted)
                 whole = self.last_snapshot_carried >= 0
         else:
             may_be_whole = self._may_be_whole()
@@ -1109,14 +1110,14 @@ class StateStore(_LiveState):
         return bool(_core.store_carries(self._require_handle()))
 
     def _packs_rest(self, live_keys: int, touched: int) -> bool:
-        """Whether an epoch to be written whole (:meth:`_is_whole`) while the
-        core carries the state packs every live key, the untouched ones too,
-        instead of handing over the touched ones for the core to merge:
-        when packing the untouched ones, at this store's measured cost a
-        row, costs less than the core's pass over every carried row
-        (_CARRY_SECONDS), or when there are none. Until a snapshot measured
-        the cost, the core merges."""
-        if not self._is_whole(live_keys, touched) or not self._may_be_whole():
+        """Whether an epoch to be written whole (the caller checked
+        :meth:`_is_whole`) while the core carries the state packs every live
+        key, the untouched ones too, instead of handing over the touched
+        ones for the core to merge: when packing the untouched ones, at this
+        store's measured cost a row, costs less than the core's pass over
+        every carried row (_CARRY_SECONDS), or when there are none. Until a
+        snapshot measured the cost, the core merges."""
+        if not self._may_be_whole():
             return False
         untouched = max(0, live_keys - touched)
         if untouched == 0:
